@@ -1,0 +1,3 @@
+//! One module per `strata` subcommand.
+
+pub mod devices;
