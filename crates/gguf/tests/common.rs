@@ -1,0 +1,47 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The repository root (two levels above this crate).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every `tests/fixtures/vocab/*.gguf`, sorted.
+pub fn vocab_files() -> Vec<PathBuf> {
+    let dir = repo_root().join("tests/fixtures/vocab");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no vocab fixtures in {}", dir.display());
+    files
+}
+
+/// SmolLM2-135M-Instruct Q4_1: $STRATA_SMOLLM2, else $STRATA_MODEL_DIR or
+/// ~/.cache/strata/models. `None` (after one line saying so) when absent.
+pub fn smollm2() -> Option<PathBuf> {
+    let path = std::env::var_os("STRATA_SMOLLM2")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let dir = std::env::var_os("STRATA_MODEL_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/strata/models")
+                });
+            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "SmolLM2 model not found at {} (run ci/fetch-models.sh); skipping",
+            path.display()
+        );
+        None
+    }
+}
