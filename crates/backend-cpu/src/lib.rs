@@ -1,1 +1,52 @@
-//! placeholder
+//! The CPU backend: strata's default device, and in sanitizer mode the proof that the
+//! engine orders every device access.
+
+mod backend;
+pub mod kernels;
+mod memory;
+mod sanitizer;
+mod worker;
+
+pub use backend::CpuBackend;
+
+use strata_core::{Device, Result};
+
+/// How the CPU device behaves.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// Check every access against the fences it should have waited for, and land
+    /// uploads after a random simulated DMA delay.
+    pub sanitize: bool,
+    /// Upper bound of the simulated DMA delay in sanitizer mode.
+    pub max_dma_delay_us: u64,
+    /// Pretend the device has this many bytes (to exercise out-of-memory paths).
+    pub memory_limit: Option<usize>,
+    /// Seed of the delay generator.
+    pub seed: u64,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            sanitize: false,
+            max_dma_delay_us: 200,
+            memory_limit: None,
+            seed: 0x5EED,
+        }
+    }
+}
+
+impl CpuOptions {
+    /// Defaults, with `sanitize` on when `STRATA_SANITIZE=1`.
+    pub fn from_env() -> Self {
+        CpuOptions {
+            sanitize: std::env::var("STRATA_SANITIZE").is_ok_and(|v| v == "1"),
+            ..Default::default()
+        }
+    }
+}
+
+/// A device over the CPU backend.
+pub fn device(opts: CpuOptions) -> Result<Device> {
+    Device::new(Box::new(CpuBackend::new(opts)?))
+}

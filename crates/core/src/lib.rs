@@ -1,1 +1,28 @@
-//! placeholder
+//! strata's device layer: the raw verbs every backend implements ([`Backend`]) and the
+//! ordered API the engine uses ([`Device`]).
+//!
+//! Ordering lives here, once: every buffer remembers the fence of its last write and the
+//! reads since, and every launch, copy, upload, download or graph replay makes its stream
+//! wait for the conflicting accesses of other streams before it is queued. Engine code
+//! never sees a raw pointer or a raw copy.
+
+pub mod backend;
+mod buffer;
+pub mod conformance;
+mod device;
+mod error;
+mod fence;
+mod graph;
+pub mod kernel;
+mod transfer;
+
+pub use backend::{
+    Backend, BackendKind, Capabilities, DeviceInfo, MemInfo, RawBuffer, RawEvent, RawGraph,
+    RawPinned, RawStream,
+};
+pub use buffer::{Args, DeviceBuffer, PinnedBuffer};
+pub use device::{Device, Event, MemoryReport, Stream};
+pub use error::{Error, Hazard, HazardKind, Result, Site};
+pub use graph::Graph;
+pub use kernel::{Access, KERNEL_MODULES, KernelArg, KernelId, LaunchCfg};
+pub use transfer::Pending;

@@ -1,0 +1,129 @@
+//! A stream is a worker thread running its queue in order; an event is a position in a
+//! stream's queue. Waits between streams block the waiting worker, as a GPU stream would.
+
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::sanitizer::VClock;
+
+/// What a job sees of its stream: its index, how many jobs ran before, its clock.
+pub struct JobCtx {
+    pub stream: u32,
+    /// Position of the running job in the stream (1-based).
+    pub seq: u64,
+    pub clock: VClock,
+}
+
+pub type Job = Box<dyn FnOnce(&mut JobCtx) + Send>;
+
+/// Jobs finished so far, with a condvar for waiters (shared with the thread; the
+/// thread must not own the worker, or dropping the worker could never stop it).
+#[derive(Default)]
+struct Progress {
+    done: Mutex<u64>,
+    cv: Condvar,
+}
+
+pub struct StreamWorker {
+    sender: Mutex<Option<Sender<Job>>>,
+    /// Jobs queued so far.
+    queued: Mutex<u64>,
+    progress: Arc<Progress>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl StreamWorker {
+    pub fn spawn(index: u32) -> std::io::Result<Arc<Self>> {
+        let (tx, rx) = channel::<Job>();
+        let worker = Arc::new(StreamWorker {
+            sender: Mutex::new(Some(tx)),
+            queued: Mutex::new(0),
+            progress: Arc::new(Progress::default()),
+            thread: Mutex::new(None),
+        });
+        let progress = worker.progress.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("strata-cpu-stream-{index}"))
+            .spawn(move || {
+                let mut ctx = JobCtx {
+                    stream: index,
+                    seq: 0,
+                    clock: VClock::default(),
+                };
+                while let Ok(job) = rx.recv() {
+                    ctx.seq += 1;
+                    ctx.clock.set(index, ctx.seq);
+                    // A panicking kernel must not wedge the stream: count it done anyway.
+                    let r =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut ctx)));
+                    if r.is_err() {
+                        tracing::error!("a job on CPU stream {index} panicked");
+                    }
+                    let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
+                    *d += 1;
+                    progress.cv.notify_all();
+                }
+            })?;
+        *worker.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(worker)
+    }
+
+    /// Queues `job`; returns its position (1-based).
+    pub fn push(&self, job: Job) -> u64 {
+        let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = sender.as_ref()
+            && s.send(job).is_ok()
+        {
+            *q += 1;
+        }
+        *q
+    }
+
+    pub fn queued(&self) -> u64 {
+        *self.queued.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn done(&self) -> u64 {
+        *self.progress.done.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until at least `target` jobs have finished.
+    pub fn wait_until(&self, target: u64) {
+        let mut d = self.progress.done.lock().unwrap_or_else(|e| e.into_inner());
+        while *d < target {
+            d = self.progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits for every queued job.
+    pub fn drain(&self) {
+        self.wait_until(self.queued());
+    }
+}
+
+impl Drop for StreamWorker {
+    fn drop(&mut self) {
+        self.sender.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A recorded position in a stream, with that stream's clock there (filled in when the
+/// marker job runs) so waiters inherit what it had waited for.
+pub struct EventState {
+    pub worker: Arc<StreamWorker>,
+    pub target: u64,
+    pub clock: Arc<Mutex<Option<VClock>>>,
+}
+
+impl EventState {
+    pub fn done(&self) -> bool {
+        self.worker.done() >= self.target
+    }
+    pub fn wait(&self) {
+        self.worker.wait_until(self.target);
+    }
+}

@@ -1,0 +1,190 @@
+//! The raw verbs a backend implements. No ordering logic lives here: core's
+//! [`Device`](crate::Device) decides every wait, and backends only carry them out.
+
+use crate::error::{Hazard, Result, Site};
+use crate::kernel::{KernelArg, KernelId, LaunchCfg};
+
+/// A backend's stream handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawStream(pub u32);
+
+/// A backend's device allocation handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RawBuffer(pub u64);
+
+/// A backend's event handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawEvent(pub u64);
+
+/// A backend's executable graph handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RawGraph(pub u64);
+
+/// Page-locked host memory owned by a backend. `ptr` stays valid until
+/// [`Backend::free_pinned`]; core never touches it while a device copy may use it.
+#[derive(Debug)]
+pub struct RawPinned {
+    pub id: u64,
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: the pointer is to backend-owned host memory with no thread affinity; core
+// serialises host access against device access through fences.
+unsafe impl Send for RawPinned {}
+unsafe impl Sync for RawPinned {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+    Hip,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+        }
+    }
+}
+
+/// What a device can do, so the engine can degrade cleanly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Captured graphs replay as one submission (otherwise core still records and
+    /// replays them, op by op).
+    pub graphs: bool,
+    /// Host memory can be page-locked for DMA.
+    pub pinned_memory: bool,
+    /// Copies run asynchronously with the host and with other streams.
+    pub async_copies: bool,
+    /// Reads are checked against fences (the CPU sanitizer).
+    pub sanitizer: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub backend: BackendKind,
+    pub ordinal: usize,
+    pub name: String,
+    pub total_memory: usize,
+    /// e.g. "sm_90" or "gfx90a"; the CPU backend reports its SIMD level.
+    pub arch: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total: usize,
+    pub free: usize,
+}
+
+/// The verbs of one device. Implementations must be thread-safe; core calls them with
+/// its own lock held, so they need not be re-entrant.
+pub trait Backend: Send + Sync {
+    fn info(&self) -> DeviceInfo;
+    fn capabilities(&self) -> Capabilities;
+    fn mem_info(&self) -> Result<MemInfo>;
+
+    fn create_stream(&self) -> Result<RawStream>;
+
+    fn alloc(&self, bytes: usize) -> Result<RawBuffer>;
+    /// # Safety
+    /// No queued or running operation may still use `buf`.
+    unsafe fn free(&self, buf: RawBuffer);
+    fn alloc_pinned(&self, bytes: usize) -> Result<RawPinned>;
+    /// # Safety
+    /// No queued or running copy may still use `pinned`.
+    unsafe fn free_pinned(&self, pinned: RawPinned);
+
+    /// Marks the current end of `stream`; completes when everything queued before it has.
+    fn record_event(&self, stream: RawStream) -> Result<RawEvent>;
+    /// Operations queued on `stream` after this call start only once `event` completed.
+    fn stream_wait_event(&self, stream: RawStream, event: RawEvent) -> Result<()>;
+    fn event_done(&self, event: RawEvent) -> Result<bool>;
+    fn event_wait(&self, event: RawEvent) -> Result<()>;
+    /// Releases the handle; waits already queued on it still take effect.
+    fn destroy_event(&self, event: RawEvent);
+
+    /// # Safety
+    /// `src[src_offset..src_offset+bytes]` must stay alive and unchanged until the copy
+    /// completes, and the destination range must lie inside `dst`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn copy_h2d(
+        &self,
+        stream: RawStream,
+        dst: RawBuffer,
+        dst_offset: usize,
+        src: &RawPinned,
+        src_offset: usize,
+        bytes: usize,
+        site: Site,
+    ) -> Result<()>;
+    /// # Safety
+    /// The destination pinned range must stay alive and unread until the copy completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn copy_d2h(
+        &self,
+        stream: RawStream,
+        dst: &RawPinned,
+        dst_offset: usize,
+        src: RawBuffer,
+        src_offset: usize,
+        bytes: usize,
+        site: Site,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn copy_d2d(
+        &self,
+        stream: RawStream,
+        dst: RawBuffer,
+        dst_offset: usize,
+        src: RawBuffer,
+        src_offset: usize,
+        bytes: usize,
+        site: Site,
+    ) -> Result<()>;
+
+    fn launch(
+        &self,
+        stream: RawStream,
+        kernel: KernelId,
+        cfg: &LaunchCfg,
+        args: &[KernelArg],
+        site: Site,
+    ) -> Result<()>;
+
+    /// Starts recording `stream`: later launches and device copies on it are recorded,
+    /// not run.
+    fn begin_capture(&self, stream: RawStream) -> Result<()>;
+    fn end_capture(&self, stream: RawStream) -> Result<RawGraph>;
+    fn replay(&self, graph: RawGraph, stream: RawStream, site: Site) -> Result<()>;
+    fn destroy_graph(&self, graph: RawGraph);
+
+    /// Waits for every stream of the device.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Sanitizer reports since the last call (empty for backends without one).
+    fn take_hazards(&self) -> Vec<Hazard> {
+        Vec::new()
+    }
+
+    /// The founding bug, on purpose: a copy from ordinary host memory on no stream the
+    /// caller controls, ordered with nothing (CUDA: `cuMemcpyHtoD` from pageable memory;
+    /// CPU: a detached simulated DMA). Only for the tests that prove the hazard exists.
+    fn copy_h2d_unordered(
+        &self,
+        dst: RawBuffer,
+        dst_offset: usize,
+        src: &[u8],
+        site: Site,
+    ) -> Result<()> {
+        let _ = (dst, dst_offset, src, site);
+        Err(crate::Error::Unsupported {
+            what: "unordered copies",
+            backend: self.info().backend.name(),
+        })
+    }
+}

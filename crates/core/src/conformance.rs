@@ -1,0 +1,375 @@
+//! The conformance suite, written once and run by every backend through
+//! [`conformance_tests!`](crate::conformance_tests). Each test ends with a host
+//! synchronisation, which also returns any sanitizer finding as an error.
+
+use crate::{Args, Device, Error, KernelId, LaunchCfg, Result};
+
+const BLOCK: u32 = 256;
+
+fn fill(dev: &Device, buf: &crate::DeviceBuffer<u32>, value: u32, s: crate::Stream) -> Result<()> {
+    let n = buf.len();
+    dev.launch(
+        KernelId::FillU32,
+        &LaunchCfg::linear(n, BLOCK),
+        &Args::new().write(buf).u32(n as u32).u32(value),
+        s,
+    )
+}
+
+fn add(
+    dev: &Device,
+    src: &crate::DeviceBuffer<u32>,
+    dst: &crate::DeviceBuffer<u32>,
+    addend: u32,
+    s: crate::Stream,
+) -> Result<()> {
+    let n = src.len().min(dst.len());
+    dev.launch(
+        KernelId::AddU32,
+        &LaunchCfg::linear(n, BLOCK),
+        &Args::new().read(src).write(dst).u32(n as u32).u32(addend),
+        s,
+    )
+}
+
+fn busy(dev: &Device, sink: &crate::DeviceBuffer<u32>, ns: u64, s: crate::Stream) -> Result<()> {
+    dev.launch(
+        KernelId::BusyWait,
+        &LaunchCfg::linear(1, 1),
+        &Args::new().read_write(sink).u64(ns),
+        s,
+    )
+}
+
+fn expect_all(got: &[u32], want: u32, what: &str) -> Result<()> {
+    match got.iter().position(|&v| v != want) {
+        None => Ok(()),
+        Some(i) => Err(Error::Capture(format!(
+            "conformance failure ({what}): element {i} is {} instead of {want}",
+            got[i]
+        ))),
+    }
+}
+
+/// An upload on one stream is seen by a kernel on another, every time.
+pub fn upload_then_read_on_other_stream(dev: &Device) -> Result<()> {
+    let copy = dev.create_stream()?;
+    let compute = dev.create_stream()?;
+    let n = 24 * 1024;
+    let table = dev.alloc::<u32>(n)?;
+    let out = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    for i in 0..64u32 {
+        // Keep the reader's stream busy sometimes, the copy stream other times.
+        if i % 2 == 0 {
+            busy(dev, &sink, 20_000, compute)?;
+        }
+        dev.upload(&table, &vec![i; n], copy)?;
+        add(dev, &table, &out, 1, compute)?;
+        let got = dev.download(&out, compute)?.wait()?;
+        expect_all(&got, i + 1, "upload then read")?;
+    }
+    dev.synchronize()
+}
+
+/// A kernel's write on stream A is seen by a kernel on B and a download on C.
+pub fn kernel_write_then_read_on_other_streams(dev: &Device) -> Result<()> {
+    let (a, b, c) = (
+        dev.create_stream()?,
+        dev.create_stream()?,
+        dev.create_stream()?,
+    );
+    let n = 4096;
+    let x = dev.alloc::<u32>(n)?;
+    let y = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    for i in 0..32u32 {
+        busy(dev, &sink, 10_000, a)?;
+        fill(dev, &x, i * 3, a)?;
+        add(dev, &x, &y, 7, b)?;
+        let got = dev.download(&y, c)?.wait()?;
+        expect_all(&got, i * 3 + 7, "kernel write then read")?;
+    }
+    dev.synchronize()
+}
+
+/// A device-to-device copy on one stream is seen by a kernel on another.
+pub fn copy_then_read_on_other_stream(dev: &Device) -> Result<()> {
+    let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+    let n = 8192;
+    let src = dev.alloc::<u32>(n)?;
+    let mid = dev.alloc::<u32>(n)?;
+    let out = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    for i in 0..32u32 {
+        fill(dev, &src, i, b)?;
+        busy(dev, &sink, 10_000, a)?;
+        dev.copy(&mid, &src, a)?;
+        add(dev, &mid, &out, 2, b)?;
+        let got = dev.download(&out, b)?.wait()?;
+        expect_all(&got, i + 2, "copy then read")?;
+    }
+    dev.synchronize()
+}
+
+/// A write on stream A waits for an earlier read on stream B (the reader sees the old value).
+pub fn write_after_read(dev: &Device) -> Result<()> {
+    let (a, b) = (dev.create_stream()?, dev.create_stream()?);
+    let n = 4096;
+    let x = dev.alloc::<u32>(n)?;
+    let y = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    for i in 0..32u32 {
+        dev.upload(&x, &vec![i; n], a)?;
+        busy(dev, &sink, 50_000, b)?;
+        add(dev, &x, &y, 0, b)?; // reads i, slowly
+        dev.upload(&x, &vec![i + 1000; n], a)?; // must not overtake the read
+        fill(dev, &x, i + 2000, a)?; // nor must a kernel write
+        let got = dev.download(&y, b)?.wait()?;
+        expect_all(&got, i, "write after read")?;
+    }
+    dev.synchronize()
+}
+
+/// Events: a recorded event completes once earlier work has, and host waits see results.
+pub fn events(dev: &Device) -> Result<()> {
+    let s = dev.create_stream()?;
+    let n = 1024;
+    let x = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    let mut pinned = dev.alloc_pinned::<u32>(n)?;
+    busy(dev, &sink, 2_000_000, s)?;
+    fill(dev, &x, 41, s)?;
+    dev.download_into(&pinned, &x, s)?;
+    let ev = dev.record(s)?;
+    ev.wait()?;
+    if !ev.is_done()? {
+        return Err(Error::Capture("event not done after wait".into()));
+    }
+    expect_all(pinned.host()?, 41, "event then pinned read")?;
+    pinned.host_mut()?.fill(9);
+    dev.upload_pinned(&x, 0, &pinned, 0..n, s)?;
+    let got = dev.download(&x, s)?.wait()?;
+    expect_all(&got, 9, "pinned upload")?;
+    dev.synchronize()
+}
+
+/// A graph replays with a table it reads updated in place (by ordered uploads) between
+/// replays, and sees each new value.
+pub fn graph_replay_reads_updated_table(dev: &Device) -> Result<()> {
+    let (copy, s) = (dev.create_stream()?, dev.create_stream()?);
+    let n = 24 * 1024;
+    let table = dev.alloc::<u32>(n)?;
+    let out = dev.alloc::<u32>(n)?;
+    let sink = dev.alloc::<u32>(1)?;
+    let mut graph = dev.capture(s, |d| {
+        busy(d, &sink, 5_000, s)?;
+        add(d, &table, &out, 1, s)
+    })?;
+    if graph.buffer_count() != 3 {
+        return Err(Error::Capture(format!(
+            "graph recorded {} buffers, expected 3",
+            graph.buffer_count()
+        )));
+    }
+    for i in 0..64u32 {
+        dev.upload(&table, &vec![i * 5; n], copy)?;
+        dev.replay(&mut graph, s)?;
+        let got = dev.download(&out, copy)?.wait()?;
+        expect_all(&got, i * 5 + 1, "graph replay after table update")?;
+    }
+    dev.synchronize()
+}
+
+/// Capture refuses host synchronisation, uploads, downloads, allocation and nesting; a
+/// refused capture leaves the device usable.
+pub fn capture_refuses_forbidden_calls(dev: &Device) -> Result<()> {
+    let s = dev.create_stream()?;
+    let x = dev.alloc::<u32>(16)?;
+    type Forbidden = fn(&Device, &crate::DeviceBuffer<u32>, crate::Stream) -> Result<()>;
+    let attempts: [(&str, Forbidden); 6] = [
+        ("upload", |d, x, s| d.upload(x, &[1u32; 16], s)),
+        ("download", |d, x, s| d.download(x, s).map(|_| ())),
+        ("synchronize", |d, _, _| d.synchronize()),
+        ("alloc", |d, _, _| d.alloc::<u32>(4).map(|_| ())),
+        ("event record", |d, _, s| d.record(s).map(|_| ())),
+        ("nested capture", |d, _, s| {
+            d.capture(s, |_| Ok(())).map(|_| ())
+        }),
+    ];
+    for (name, f) in attempts {
+        let r = dev.capture(s, |d| {
+            fill(d, &x, 1, s)?;
+            f(d, &x, s)
+        });
+        match r {
+            Err(Error::CaptureForbidden { .. }) | Err(Error::Capture(_)) => {}
+            Err(e) => {
+                return Err(Error::Capture(format!(
+                    "{name} during capture gave another error: {e}"
+                )));
+            }
+            Ok(_) => {
+                return Err(Error::Capture(format!(
+                    "{name} during capture was accepted"
+                )));
+            }
+        }
+    }
+    fill(dev, &x, 5, s)?;
+    let got = dev.download(&x, s)?.wait()?;
+    expect_all(&got, 5, "device usable after refused captures")?;
+    dev.synchronize()
+}
+
+/// Many streams, many launches: a chain of buffers where each stream reads the previous
+/// stream's output, repeated, must give exact counts.
+pub fn many_streams_stress(dev: &Device) -> Result<()> {
+    let streams: Vec<_> = (0..8).map(|_| dev.create_stream()).collect::<Result<_>>()?;
+    let n = 2048;
+    let bufs: Vec<_> = (0..streams.len() + 1)
+        .map(|_| dev.alloc::<u32>(n))
+        .collect::<Result<_>>()?;
+    let rounds = 100u32;
+    for r in 0..rounds {
+        fill(dev, &bufs[0], r, streams[0])?;
+        for (i, s) in streams.iter().enumerate() {
+            add(dev, &bufs[i], &bufs[i + 1], 1, *s)?;
+        }
+    }
+    let got = dev.download(&bufs[streams.len()], streams[3])?.wait()?;
+    expect_all(&got, rounds - 1 + streams.len() as u32, "stress chain")?;
+    dev.synchronize()
+}
+
+/// Asking for more memory than the device has is an error, not a crash, and the device
+/// keeps working; memory accounting follows allocations.
+pub fn out_of_memory_is_an_error(dev: &Device) -> Result<()> {
+    let before = dev.memory()?;
+    let huge = before.total.saturating_mul(2).max(1 << 40);
+    match dev.alloc::<u8>(huge) {
+        Err(Error::OutOfMemory { .. }) => {}
+        Err(e) => {
+            return Err(Error::Capture(format!(
+                "huge alloc gave another error: {e}"
+            )));
+        }
+        Ok(_) => {
+            return Err(Error::Capture(
+                "allocating twice the device memory succeeded".into(),
+            ));
+        }
+    }
+    if dev.alloc::<u64>(usize::MAX / 4).is_ok() {
+        return Err(Error::Capture("an overflowing allocation succeeded".into()));
+    }
+    let x = dev.alloc::<u32>(1 << 20)?;
+    let during = dev.memory()?;
+    if during.reserved < before.reserved + (4 << 20) {
+        return Err(Error::Capture(
+            "reserved memory did not grow with an allocation".into(),
+        ));
+    }
+    let s = dev.main_stream();
+    fill(dev, &x, 3, s)?;
+    expect_all(&dev.download(&x, s)?.wait()?, 3, "after OOM")?;
+    drop(x);
+    dev.synchronize()?;
+    let after = dev.memory()?;
+    if after.reserved > before.reserved {
+        return Err(Error::Capture(
+            "reserved memory not returned after free".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// DESIGN.md's experiment through the Device API: a 96 KiB int32 table uploaded on a copy
+/// stream, then a reader launched at once on another stream, `iterations` times, with a
+/// large upload queued on a third stream before each table copy when `loaded`. Returns how
+/// many readers saw a stale table (must be 0).
+pub fn table_experiment(dev: &Device, iterations: u32, loaded: bool) -> Result<u32> {
+    let (copy, reader, bulk) = (
+        dev.create_stream()?,
+        dev.create_stream()?,
+        dev.create_stream()?,
+    );
+    let n = 96 * 1024 / 4;
+    let table = dev.alloc::<i32>(n)?;
+    let flags = dev.alloc::<u32>(iterations as usize)?;
+    dev.upload(&flags, &vec![0u32; iterations as usize], reader)?;
+    let big_len = if loaded { 1 << 20 } else { 0 };
+    let big = dev.alloc::<u32>(big_len.max(1))?;
+    let big_host = vec![7u32; big_len];
+    for i in 0..iterations {
+        if loaded {
+            dev.upload(&big, &big_host, bulk)?;
+        }
+        dev.upload(&table, &vec![i as i32; n], copy)?;
+        dev.launch(
+            KernelId::CheckTable,
+            &LaunchCfg::linear(n, BLOCK),
+            &Args::new()
+                .read(&table)
+                .write(&flags)
+                .u32(n as u32)
+                .i32(i as i32)
+                .u32(i),
+            reader,
+        )?;
+    }
+    let seen = dev.download(&flags, reader)?.wait()?;
+    dev.synchronize()?;
+    Ok(seen.iter().filter(|&&f| f != 0).count() as u32)
+}
+
+/// The experiment as a test: 0 stale readers of 2,000, idle and loaded.
+pub fn table_experiment_through_device_api(dev: &Device) -> Result<()> {
+    for loaded in [false, true] {
+        let iterations = if loaded { 500 } else { 2000 };
+        let stale = table_experiment(dev, iterations, loaded)?;
+        if stale != 0 {
+            return Err(Error::Capture(format!(
+                "{stale} of {iterations} readers saw a stale table through the Device API (loaded: {loaded})"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Generates one `#[test]` per conformance test for a backend. `$make` is an expression
+/// of type `fn() -> Option<Device>`; `None` means the backend has no device here, and the
+/// test prints one line saying so.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            upload_then_read_on_other_stream,
+            kernel_write_then_read_on_other_streams,
+            copy_then_read_on_other_stream,
+            write_after_read,
+            events,
+            graph_replay_reads_updated_table,
+            capture_refuses_forbidden_calls,
+            many_streams_stress,
+            out_of_memory_is_an_error,
+            table_experiment_through_device_api
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let make: fn() -> Option<$crate::Device> = $make;
+                match make() {
+                    Some(dev) => {
+                        if let Err(e) = $crate::conformance::$name(&dev) {
+                            panic!("{}: {e}", stringify!($name));
+                        }
+                    }
+                    None => eprintln!("{}: skipped, no device of this backend here", stringify!($name)),
+                }
+            }
+        )*
+    };
+}
