@@ -175,7 +175,7 @@ impl QuantType {
     /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
         let b = self.block_size();
-        (n % b == 0).then(|| n / b * self.type_size())
+        n.is_multiple_of(b).then(|| n / b * self.type_size())
     }
 
     /// ggml's name for the type (`"Q4_K"`, `"IQ2_XS"`, `"F16"`, …).
