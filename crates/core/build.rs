@@ -1,38 +1,22 @@
-//! Generates `KernelId` from the kernel sources: every `extern "C" __global__ void name(`
-//! in kernels-cuda/*.cu becomes a variant, so call sites name kernels by enum, never by
-//! string, and a kernel missing from a backend is a compile error there.
+//! Generates `KernelId` from kernels.txt, so call sites name kernels by enum, never by
+//! string, and the CPU backend's exhaustive match fails to build when one is missing.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda");
-    println!("cargo:rerun-if-changed={}", dir.display());
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.extension().is_some_and(|e| e == "cu"));
-    files.sort();
+    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels.txt");
+    println!("cargo:rerun-if-changed={}", list.display());
+    let text = std::fs::read_to_string(&list).unwrap_or_default();
     let mut kernels: Vec<(String, String)> = Vec::new(); // (kernel, module)
-    for file in &files {
-        println!("cargo:rerun-if-changed={}", file.display());
-        let module = file
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .unwrap_or("")
-            .to_string();
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        let marker = "extern \"C\" __global__ void ";
-        let mut rest = text.as_str();
-        while let Some(pos) = rest.find(marker) {
-            rest = &rest[pos + marker.len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                kernels.push((name, module.clone()));
-            }
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        if let (Some(module), Some(name)) = (parts.next(), parts.next()) {
+            kernels.push((name.to_string(), module.to_string()));
         }
     }
     let camel = |s: &str| -> String {
@@ -72,8 +56,12 @@ fn main() {
     }
     out.push_str("        }\n    }\n\n    /// Index into per-kernel tables (0..COUNT).\n");
     out.push_str("    pub const fn index(self) -> usize {\n        self as usize\n    }\n}\n");
-    let mut modules: Vec<&str> = kernels.iter().map(|(_, m)| m.as_str()).collect();
-    modules.dedup();
+    let mut modules: Vec<&str> = Vec::new();
+    for (_, m) in &kernels {
+        if !modules.contains(&m.as_str()) {
+            modules.push(m);
+        }
+    }
     out.push_str("\n/// Every kernel source module, in file order.\n");
     let _ = writeln!(
         out,

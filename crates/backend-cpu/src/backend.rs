@@ -397,9 +397,27 @@ impl Backend for CpuBackend {
 
     unsafe fn free(&self, buf: RawBuffer) {
         if let Some(b) = lock(&self.sh.buffers).remove(&buf.0) {
-            let len = b.data.read().map_or(0, |d| d.len());
+            let len = b
+                .data
+                .read()
+                .map_or(0, |d| if d.is_owned() { d.len() } else { 0 });
             self.sh.allocated.fetch_sub(len, Ordering::Relaxed);
         }
+    }
+
+    unsafe fn import_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawBuffer>> {
+        // Device memory is host memory: borrow it. Core refuses every write to it, so the
+        // shared bytes are never mutated through this buffer.
+        let id = self.sh.id();
+        lock(&self.sh.buffers).insert(
+            id,
+            Arc::new(CpuBuffer {
+                id,
+                data: std::sync::RwLock::new(AlignedBytes::borrowed(ptr, len)),
+                log: Mutex::new(AccessLog::default()),
+            }),
+        );
+        Ok(Some(RawBuffer(id)))
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<RawPinned> {

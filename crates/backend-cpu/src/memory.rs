@@ -12,6 +12,8 @@ pub const ALIGN: usize = 64;
 pub struct AlignedBytes {
     ptr: *mut u8,
     len: usize,
+    /// False for borrowed (imported) host memory, which is never freed here.
+    owned: bool,
 }
 
 // SAFETY: a plain owned heap block.
@@ -23,11 +25,28 @@ impl AlignedBytes {
         let layout = Layout::from_size_align(len.max(1), alloc_align()).ok()?;
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        (!ptr.is_null()).then_some(AlignedBytes { ptr, len })
+        (!ptr.is_null()).then_some(AlignedBytes {
+            ptr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// Borrowed memory; the caller keeps it alive and unchanged while this exists.
+    pub fn borrowed(ptr: *const u8, len: usize) -> Self {
+        AlignedBytes {
+            ptr: ptr as *mut u8,
+            len,
+            owned: false,
+        }
     }
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
@@ -37,6 +56,9 @@ impl AlignedBytes {
 
 impl Drop for AlignedBytes {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if let Ok(layout) = Layout::from_size_align(self.len.max(1), alloc_align()) {
             // SAFETY: allocated in `zeroed` with this very layout.
             unsafe { std::alloc::dealloc(self.ptr, layout) };

@@ -1,7 +1,6 @@
 //! DESIGN.md's experiment on the CPU backend in sanitizer mode: the deliberately unordered
 //! upload is caught every time, and the Device API path sees 0 stale tables.
 
-
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use strata_backend_cpu::{CpuOptions, device};
 use strata_core::{Args, Error, HazardKind, KernelId, LaunchCfg};

@@ -163,6 +163,23 @@ pub trait Backend: Send + Sync {
     fn replay(&self, graph: RawGraph, stream: RawStream, site: Site) -> Result<()>;
     fn destroy_graph(&self, graph: RawGraph);
 
+    /// Whether this backend has `kernel` (a backend may implement a subset; launching a
+    /// kernel it lacks is an `Unsupported` error).
+    fn supports(&self, kernel: KernelId) -> bool {
+        let _ = kernel;
+        true
+    }
+
+    /// Makes read-only host memory visible to kernels without a copy, where the device reads
+    /// host memory directly (the CPU backend). `Ok(None)`: not supported; upload instead.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes and unchanged until the buffer is freed.
+    unsafe fn import_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawBuffer>> {
+        let _ = (ptr, len);
+        Ok(None)
+    }
+
     /// Waits for every stream of the device.
     fn synchronize(&self) -> Result<()>;
 

@@ -10,9 +10,18 @@ use crate::error::{Error, Result, Site};
 use crate::fence::BufferFences;
 use crate::kernel::{Access, KernelArg};
 
+/// Host memory a device buffer can borrow without a copy (a memory-mapped model file).
+pub trait HostMemory: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
 pub(crate) struct BufferState {
     pub raw: RawBuffer,
     pub bytes: usize,
+    /// Imported host memory: kernels may read it, nothing may write it.
+    pub read_only: bool,
+    /// Keeps imported host memory alive as long as the buffer.
+    _owner: Option<Arc<dyn HostMemory>>,
     device: Arc<Inner>,
     fences: Mutex<BufferFences>,
 }
@@ -50,10 +59,21 @@ impl<T> std::fmt::Debug for DeviceBuffer<T> {
 
 impl<T: bytemuck::Pod> DeviceBuffer<T> {
     pub(crate) fn new(device: Arc<Inner>, raw: RawBuffer, len: usize) -> Self {
+        Self::with_owner(device, raw, len, None)
+    }
+
+    pub(crate) fn with_owner(
+        device: Arc<Inner>,
+        raw: RawBuffer,
+        len: usize,
+        owner: Option<Arc<dyn HostMemory>>,
+    ) -> Self {
         DeviceBuffer {
             state: Arc::new(BufferState {
                 raw,
                 bytes: len * std::mem::size_of::<T>(),
+                read_only: owner.is_some(),
+                _owner: owner,
                 device,
                 fences: Mutex::new(BufferFences::default()),
             }),
@@ -81,6 +101,18 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
 
     pub(crate) fn state(&self) -> &Arc<BufferState> {
         &self.state
+    }
+
+    pub(crate) fn check_writable(&self, site: Site) -> Result<()> {
+        if self.state.read_only {
+            return Err(Error::ReadOnly { site });
+        }
+        Ok(())
+    }
+
+    /// Whether this buffer borrows host memory read-only (see `Device::import_host`).
+    pub fn is_read_only(&self) -> bool {
+        self.state.read_only
     }
 
     pub(crate) fn check_range(
@@ -184,6 +216,9 @@ impl<'a> Args<'a> {
                 } => {
                     if state.device_id() != device {
                         return Err(Error::ForeignBuffer { site });
+                    }
+                    if state.read_only && access.writes() {
+                        return Err(Error::ReadOnly { site });
                     }
                     if !in_bounds {
                         return Err(Error::OutOfBounds {

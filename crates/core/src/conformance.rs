@@ -284,6 +284,49 @@ pub fn out_of_memory_is_an_error(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+struct HostWords(Vec<u32>);
+
+impl crate::HostMemory for HostWords {
+    fn bytes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// Imported host memory (where the backend supports it) is readable by kernels and
+/// refuses every write; a backend without it says so with `None`.
+pub fn imported_host_memory_is_read_only(dev: &Device) -> Result<()> {
+    let s = dev.main_stream();
+    let words: std::sync::Arc<dyn crate::HostMemory> =
+        std::sync::Arc::new(HostWords((0..1000u32).collect()));
+    if dev.import_host::<u32>(words.clone(), 0, 1001).is_ok() {
+        return Err(Error::Capture(
+            "import past the end of host memory was accepted".into(),
+        ));
+    }
+    let Some(table) = dev.import_host::<u32>(words, 4 * 10, 990)? else {
+        return dev.synchronize();
+    };
+    let out = dev.alloc::<u32>(990)?;
+    add(dev, &table, &out, 1, s)?;
+    let got = dev.download(&out, s)?.wait()?;
+    if got.iter().enumerate().any(|(i, &v)| v != i as u32 + 11) {
+        return Err(Error::Capture(
+            "kernel read of imported memory gave wrong values".into(),
+        ));
+    }
+    if !matches!(fill(dev, &table, 0, s), Err(Error::ReadOnly { .. })) {
+        return Err(Error::Capture(
+            "a kernel write to imported memory was accepted".into(),
+        ));
+    }
+    if !matches!(dev.upload(&table, &[1u32], s), Err(Error::ReadOnly { .. })) {
+        return Err(Error::Capture(
+            "an upload into imported memory was accepted".into(),
+        ));
+    }
+    dev.synchronize()
+}
+
 /// DESIGN.md's experiment through the Device API: a 96 KiB int32 table uploaded on a copy
 /// stream, then a reader launched at once on another stream, `iterations` times, with a
 /// large upload queued on a third stream before each table copy when `loaded`. Returns how
@@ -353,6 +396,7 @@ macro_rules! conformance_tests {
             capture_refuses_forbidden_calls,
             many_streams_stress,
             out_of_memory_is_an_error,
+            imported_host_memory_is_read_only,
             table_experiment_through_device_api
         );
     };

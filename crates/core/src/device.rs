@@ -193,6 +193,45 @@ impl Device {
         Ok(DeviceBuffer::new(self.inner.clone(), raw, len))
     }
 
+    /// Whether the backend has `kernel`.
+    pub fn supports(&self, kernel: KernelId) -> bool {
+        self.inner.backend.supports(kernel)
+    }
+
+    /// Borrows `memory[offset..offset + len * size_of::<T>()]` as a read-only device buffer
+    /// without copying, where the device reads host memory directly; `Ok(None)` elsewhere
+    /// (the caller uploads instead). The buffer keeps `memory` alive.
+    #[track_caller]
+    pub fn import_host<T: bytemuck::Pod>(
+        &self,
+        memory: Arc<dyn crate::buffer::HostMemory>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Option<DeviceBuffer<T>>> {
+        let site = std::panic::Location::caller();
+        let bytes = len.saturating_mul(std::mem::size_of::<T>());
+        let all = memory.bytes();
+        if offset.checked_add(bytes).is_none_or(|end| end > all.len()) {
+            return Err(Error::OutOfBounds {
+                op: "import_host",
+                site,
+                offset,
+                elements: len,
+                len: all.len() / std::mem::size_of::<T>().max(1),
+            });
+        }
+        // SAFETY: in bounds (checked above); the buffer holds `memory`, so the bytes live
+        // and, being shared and immutable, stay unchanged until it is freed.
+        let raw = unsafe {
+            self.inner
+                .backend
+                .import_host(all.as_ptr().add(offset), bytes)?
+        };
+        Ok(raw.map(|raw| {
+            DeviceBuffer::with_owner(self.inner.clone(), raw, len, Some(memory.clone()))
+        }))
+    }
+
     /// Launches `kernel` on `stream` after the accesses of other streams it conflicts with.
     #[track_caller]
     pub fn launch(
@@ -204,6 +243,12 @@ impl Device {
     ) -> Result<()> {
         let site = std::panic::Location::caller();
         self.inner.check_stream(stream, site)?;
+        if !self.inner.backend.supports(kernel) {
+            return Err(Error::Unsupported {
+                what: kernel.name(),
+                backend: self.inner.info.backend.name(),
+            });
+        }
         let raw_args = args.to_raw(self.inner.id, site)?;
         let accesses = args.accesses();
         let mut st = self.inner.lock();
@@ -251,6 +296,7 @@ impl Device {
         let site = std::panic::Location::caller();
         self.inner.check_stream(stream, site)?;
         dst.check_range("copy", dst_offset, len, site)?;
+        dst.check_writable(site)?;
         src.check_range("copy", src_offset, len, site)?;
         self.inner.check_owner(dst.state(), site)?;
         self.inner.check_owner(src.state(), site)?;

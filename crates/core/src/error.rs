@@ -103,6 +103,8 @@ pub enum Error {
         site: Site,
         reason: String,
     },
+    #[error("write to a read-only (imported host memory) buffer at {site}")]
+    ReadOnly { site: Site },
     #[error("buffer belongs to another device (at {site})")]
     ForeignBuffer { site: Site },
     #[error("sanitizer found {} unordered access(es); first: {}", .0.len(), .0.first().map(|h| h.to_string()).unwrap_or_default())]

@@ -64,6 +64,7 @@ impl Device {
         self.inner.check_stream(stream, site)?;
         self.inner.check_owner(dst.state(), site)?;
         dst.check_range("upload", offset, data.len(), site)?;
+        dst.check_writable(site)?;
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let mut st = self.inner.lock();
         self.inner.refuse_during_capture(&st, "upload", site)?;
@@ -122,6 +123,7 @@ impl Device {
             });
         }
         dst.check_range("upload_pinned", offset, n, site)?;
+        dst.check_writable(site)?;
         let raw_src = src.raw().ok_or(Error::ForeignBuffer { site })?;
         let size = std::mem::size_of::<T>();
         let mut st = self.inner.lock();
