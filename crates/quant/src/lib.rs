@@ -21,9 +21,18 @@ pub mod activation;
 mod block;
 mod float;
 pub mod format;
+mod iq2;
+mod iq3;
+mod iq4;
+#[cfg(target_arch = "x86_64")]
+mod iq4_avx2;
+#[cfg(target_arch = "x86_64")]
+mod iq_avx2;
+pub mod iq_tables;
 mod kquants;
 mod legacy;
 pub mod matmul;
+mod mxfp4;
 
 pub use format::QuantType;
 pub use matmul::{matmul, matvec};
@@ -150,6 +159,14 @@ fn avx2_kernels(ty: QuantType) -> Option<&'static FormatKernels> {
     // Filled in by the SIMD files; IQ formats and MXFP4 add their arms here.
     use QuantType::*;
     Some(match ty {
+        IQ2_XXS => &iq_avx2::IQ2_XXS_AVX2,
+        IQ2_XS => &iq_avx2::IQ2_XS_AVX2,
+        IQ2_S => &iq_avx2::IQ2_S_AVX2,
+        IQ3_XXS => &iq_avx2::IQ3_XXS_AVX2,
+        IQ3_S => &iq_avx2::IQ3_S_AVX2,
+        IQ4_NL => &iq4_avx2::IQ4_NL_AVX2,
+        IQ4_XS => &iq4_avx2::IQ4_XS_AVX2,
+        MXFP4 => &iq4_avx2::MXFP4_AVX2,
         _ => return None,
     })
 }
@@ -171,6 +188,14 @@ pub fn scalar_kernels(ty: QuantType) -> Option<&'static FormatKernels> {
         Q4_K => &kquants::Q4_K,
         Q5_K => &kquants::Q5_K,
         Q6_K => &kquants::Q6_K,
+        IQ2_XXS => &iq2::IQ2_XXS_SCALAR,
+        IQ2_XS => &iq2::IQ2_XS_SCALAR,
+        IQ2_S => &iq2::IQ2_S_SCALAR,
+        IQ3_XXS => &iq3::IQ3_XXS_SCALAR,
+        IQ3_S => &iq3::IQ3_S_SCALAR,
+        IQ4_NL => &iq4::IQ4_NL_SCALAR,
+        IQ4_XS => &iq4::IQ4_XS_SCALAR,
+        MXFP4 => &mxfp4::MXFP4_SCALAR,
         _ => return None,
     })
 }
