@@ -2,6 +2,7 @@
 //! exhaustive, so a kernel added to the CUDA sources without a CPU version fails to build.
 
 mod conformance;
+mod model;
 
 use std::cell::Cell;
 
@@ -117,5 +118,18 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::AddU32 => conformance::add_u32(args),
         KernelId::CheckTable => conformance::check_table(args),
         KernelId::BusyWait => conformance::busy_wait(args),
+        KernelId::EmbedRows => model::embed_rows(args),
+        KernelId::RmsNorm => model::rms_norm(args),
+        KernelId::MulMat => model::mul_mat(args),
+        KernelId::Add => model::add(args),
+        KernelId::AddRows => model::add_rows(args),
+        KernelId::Swiglu => model::swiglu(args),
+        KernelId::Rope => model::rope(args),
+        KernelId::KvStore => model::kv_store(args),
+        KernelId::Attention => model::attention(args),
+        KernelId::RouterTopk => model::router_topk(args),
+        KernelId::MulMatExperts => model::mul_mat_experts(args),
+        KernelId::MoeCombine => model::moe_combine(args),
+        KernelId::SigmoidGateAdd => model::sigmoid_gate_add(args),
     }
 }
