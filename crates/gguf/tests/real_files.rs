@@ -21,6 +21,37 @@ fn every_vocab_fixture_opens() {
     }
 }
 
+/// Every vocab fixture and SmolLM2 read exactly as gguf-py 0.19 reads them:
+/// keys in order, types, values, array hashes, tensor index and data hashes.
+#[test]
+fn real_files_match_gguf_py() {
+    let golden = common::summary::load("real_files.json");
+    let golden = golden.as_array().expect("list");
+    let vocab = common::vocab_files();
+    let smollm2 = common::smollm2();
+    let mut checked = 0;
+    for summary in golden {
+        let name = summary["file"].as_str().expect("file");
+        let path = vocab
+            .iter()
+            .find(|p| p.file_name().is_some_and(|n| n == name))
+            .cloned()
+            .or_else(|| {
+                smollm2
+                    .clone()
+                    .filter(|p| p.file_name().is_some_and(|n| n == name))
+            });
+        let Some(path) = path else {
+            eprintln!("{name}: not present here; skipping its comparison");
+            continue;
+        };
+        let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        common::summary::assert_matches(&f, summary);
+        checked += 1;
+    }
+    assert!(checked >= vocab.len(), "only {checked} files compared");
+}
+
 #[test]
 fn smollm2_hyper_parameters_and_tensors() {
     let Some(path) = common::smollm2() else {

@@ -45,3 +45,15 @@ pub fn smollm2() -> Option<PathBuf> {
         None
     }
 }
+
+pub mod summary;
+
+/// FNV-1a 64 (the hash tools/gen_gguf_golden.py records).
+pub fn fnv1a(data: &[u8], mut h: u64) -> u64 {
+    for &b in data {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+pub const FNV_OFFSET: u64 = 0xcbf29ce484222325;
