@@ -94,7 +94,8 @@ pub(crate) fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
                 .iter()
                 .map(|&q| i32::from(q as i8))
                 .sum();
-            ob[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2].copy_from_slice(&(s as i16).to_le_bytes());
+            ob[Q8_K_BSUMS + 2 * g..Q8_K_BSUMS + 2 * g + 2]
+                .copy_from_slice(&(s as i16).to_le_bytes());
         }
         ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }

@@ -26,7 +26,7 @@ pub(crate) fn dequant_bf16(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-fn vec_dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
+pub(crate) fn vec_dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let (row, act) = (&row[..4 * n], &act[..4 * n]);
     let mut sum = 0.0f64;
     for (w, a) in row.chunks_exact(4).zip(act.chunks_exact(4)) {
@@ -35,7 +35,7 @@ fn vec_dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
     sum as f32
 }
 
-fn vec_dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+pub(crate) fn vec_dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let (row, act) = (&row[..2 * n], &act[..2 * n]);
     let mut sum = 0.0f64;
     for (w, a) in row.chunks_exact(2).zip(act.chunks_exact(2)) {
@@ -44,7 +44,7 @@ fn vec_dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     sum as f32
 }
 
-fn vec_dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+pub(crate) fn vec_dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let (row, act) = (&row[..2 * n], &act[..2 * n]);
     let mut sum = 0.0f64;
     for (w, a) in row.chunks_exact(2).zip(act.chunks_exact(2)) {

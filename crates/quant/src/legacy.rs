@@ -87,8 +87,13 @@ fn vec_dot_q4_0(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / QK8;
     let (row, act) = (&row[..nb * Q4_0_BYTES], &act[..nb * Q8_0_BYTES]);
     let mut sumf = 0.0f32;
-    for (x, y) in row.chunks_exact(Q4_0_BYTES).zip(act.chunks_exact(Q8_0_BYTES)) {
-        let s = isum(&y[2..], |j| i32::from((x[2 + j % 16] >> (4 * (j / 16))) & 0x0f) - 8);
+    for (x, y) in row
+        .chunks_exact(Q4_0_BYTES)
+        .zip(act.chunks_exact(Q8_0_BYTES))
+    {
+        let s = isum(&y[2..], |j| {
+            i32::from((x[2 + j % 16] >> (4 * (j / 16))) & 0x0f) - 8
+        });
         sumf += s as f32 * f16_at(x, 0) * f16_at(y, 0);
     }
     sumf
@@ -98,8 +103,13 @@ fn vec_dot_q4_1(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / QK8;
     let (row, act) = (&row[..nb * Q4_1_BYTES], &act[..nb * Q8_1_BYTES]);
     let mut sumf = 0.0f32;
-    for (x, y) in row.chunks_exact(Q4_1_BYTES).zip(act.chunks_exact(Q8_1_BYTES)) {
-        let s = isum(&y[4..], |j| i32::from((x[4 + j % 16] >> (4 * (j / 16))) & 0x0f));
+    for (x, y) in row
+        .chunks_exact(Q4_1_BYTES)
+        .zip(act.chunks_exact(Q8_1_BYTES))
+    {
+        let s = isum(&y[4..], |j| {
+            i32::from((x[4 + j % 16] >> (4 * (j / 16))) & 0x0f)
+        });
         sumf += f16_at(x, 0) * f16_at(y, 0) * s as f32 + f16_at(x, 2) * f16_at(y, 2);
     }
     sumf
@@ -109,7 +119,10 @@ fn vec_dot_q5_0(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / QK8;
     let (row, act) = (&row[..nb * Q5_0_BYTES], &act[..nb * Q8_0_BYTES]);
     let mut sumf = 0.0f32;
-    for (x, y) in row.chunks_exact(Q5_0_BYTES).zip(act.chunks_exact(Q8_0_BYTES)) {
+    for (x, y) in row
+        .chunks_exact(Q5_0_BYTES)
+        .zip(act.chunks_exact(Q8_0_BYTES))
+    {
         let q = q5_quants(x, 2, 6);
         let s = isum(&y[2..], |j| i32::from(q[j]) - 16);
         sumf += f16_at(x, 0) * f16_at(y, 0) * s as f32;
@@ -121,7 +134,10 @@ fn vec_dot_q5_1(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / QK8;
     let (row, act) = (&row[..nb * Q5_1_BYTES], &act[..nb * Q8_1_BYTES]);
     let mut sumf = 0.0f32;
-    for (x, y) in row.chunks_exact(Q5_1_BYTES).zip(act.chunks_exact(Q8_1_BYTES)) {
+    for (x, y) in row
+        .chunks_exact(Q5_1_BYTES)
+        .zip(act.chunks_exact(Q8_1_BYTES))
+    {
         let q = q5_quants(x, 4, 8);
         let s = isum(&y[4..], |j| i32::from(q[j]));
         sumf += f16_at(x, 0) * f16_at(y, 0) * s as f32 + f16_at(x, 2) * f16_at(y, 2);
@@ -133,7 +149,10 @@ fn vec_dot_q8_0(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / QK8;
     let (row, act) = (&row[..nb * Q8_0_W_BYTES], &act[..nb * Q8_0_BYTES]);
     let mut sumf = 0.0f32;
-    for (x, y) in row.chunks_exact(Q8_0_W_BYTES).zip(act.chunks_exact(Q8_0_BYTES)) {
+    for (x, y) in row
+        .chunks_exact(Q8_0_W_BYTES)
+        .zip(act.chunks_exact(Q8_0_BYTES))
+    {
         let s = isum(&y[2..], |j| i32::from(x[2 + j] as i8));
         sumf += s as f32 * (f16_at(x, 0) * f16_at(y, 0));
     }

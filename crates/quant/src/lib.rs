@@ -34,6 +34,13 @@ mod legacy;
 pub mod matmul;
 mod mxfp4;
 
+#[cfg(target_arch = "x86_64")]
+mod simd_avx2_float;
+#[cfg(target_arch = "x86_64")]
+mod simd_avx2_kquants;
+#[cfg(target_arch = "x86_64")]
+mod simd_avx2_legacy;
+
 pub use format::QuantType;
 pub use matmul::{matmul, matvec};
 
@@ -159,6 +166,19 @@ fn avx2_kernels(ty: QuantType) -> Option<&'static FormatKernels> {
     // Filled in by the SIMD files; IQ formats and MXFP4 add their arms here.
     use QuantType::*;
     Some(match ty {
+        F32 => &simd_avx2_float::F32,
+        F16 => &simd_avx2_float::F16,
+        BF16 => &simd_avx2_float::BF16,
+        Q4_0 => &simd_avx2_legacy::Q4_0,
+        Q4_1 => &simd_avx2_legacy::Q4_1,
+        Q5_0 => &simd_avx2_legacy::Q5_0,
+        Q5_1 => &simd_avx2_legacy::Q5_1,
+        Q8_0 => &simd_avx2_legacy::Q8_0,
+        Q2_K => &simd_avx2_kquants::Q2_K,
+        Q3_K => &simd_avx2_kquants::Q3_K,
+        Q4_K => &simd_avx2_kquants::Q4_K,
+        Q5_K => &simd_avx2_kquants::Q5_K,
+        Q6_K => &simd_avx2_kquants::Q6_K,
         IQ2_XXS => &iq_avx2::IQ2_XXS_AVX2,
         IQ2_XS => &iq_avx2::IQ2_XS_AVX2,
         IQ2_S => &iq_avx2::IQ2_S_AVX2,
@@ -219,7 +239,11 @@ fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), Quan
 }
 
 /// Quantise an f32 activation row into `out` (exactly `act.row_bytes(x.len())` long).
-pub fn quantize_activation_into(act: ActFormat, x: &[f32], out: &mut [u8]) -> Result<(), QuantError> {
+pub fn quantize_activation_into(
+    act: ActFormat,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<(), QuantError> {
     let nb = check_blocks("activation row", x.len(), act.block_size())?;
     check_len("activation buffer", nb * act.type_size(), out.len())?;
     match act {
@@ -242,7 +266,11 @@ pub fn quantize_activation(act: ActFormat, x: &[f32]) -> Result<Vec<u8>, QuantEr
 }
 
 /// Dequantise an activation row (the values a dot product really multiplies by).
-pub fn dequantize_activation(act: ActFormat, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+pub fn dequantize_activation(
+    act: ActFormat,
+    src: &[u8],
+    dst: &mut [f32],
+) -> Result<(), QuantError> {
     let nb = check_blocks("activation row", dst.len(), act.block_size())?;
     check_len("activation row", nb * act.type_size(), src.len())?;
     match act {
@@ -274,7 +302,12 @@ pub fn vec_dot(ty: QuantType, n: usize, row: &[u8], act: &[u8]) -> Result<f32, Q
 }
 
 /// Checks the arguments of `k.vec_dot(n, row, act)`.
-pub(crate) fn check_row_args(k: &FormatKernels, n: usize, row: &[u8], act: &[u8]) -> Result<(), QuantError> {
+pub(crate) fn check_row_args(
+    k: &FormatKernels,
+    n: usize,
+    row: &[u8],
+    act: &[u8],
+) -> Result<(), QuantError> {
     let nb = check_blocks("weight row", n, k.ty.block_size())?;
     check_len("weight row", nb * k.ty.type_size(), row.len())?;
     let na = check_blocks("activation row", n, k.act.block_size())?;

@@ -9,7 +9,12 @@
 use crate::{ActFormat, FormatKernels, QuantError, QuantType, check_len, kernels};
 
 /// Checks the shapes and returns the kernels and the bytes of one weight row.
-fn prepare(ty: QuantType, w: &[u8], rows: usize, cols: usize) -> Result<(&'static FormatKernels, usize), QuantError> {
+fn prepare(
+    ty: QuantType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<(&'static FormatKernels, usize), QuantError> {
     let k = kernels(ty).ok_or(QuantError::Unsupported { ty })?;
     let row_bytes = ty.row_bytes(cols).ok_or(QuantError::PartialBlock {
         what: "matrix row",
@@ -88,7 +93,14 @@ pub fn matvec_quantized(
 }
 
 /// One thread's share: `y[r] = dot(w row r, act)`.
-pub fn matvec_rows(k: &FormatKernels, w: &[u8], row_bytes: usize, cols: usize, act: &[u8], y: &mut [f32]) {
+pub fn matvec_rows(
+    k: &FormatKernels,
+    w: &[u8],
+    row_bytes: usize,
+    cols: usize,
+    act: &[u8],
+    y: &mut [f32],
+) {
     for (o, row) in y.iter_mut().zip(w.chunks_exact(row_bytes)) {
         *o = (k.vec_dot)(cols, row, act);
     }
@@ -148,7 +160,8 @@ pub fn matmul(
     for (t, tile) in tiles.iter().enumerate() {
         let n = tile.len() / batch.max(1);
         for b in 0..batch {
-            y[b * rows + t * per..b * rows + t * per + n].copy_from_slice(&tile[b * n..(b + 1) * n]);
+            y[b * rows + t * per..b * rows + t * per + n]
+                .copy_from_slice(&tile[b * n..(b + 1) * n]);
         }
     }
     Ok(())

@@ -105,7 +105,12 @@ fn dequantisation_is_bit_exact_with_gguf() {
             let mut out = vec![f32::NAN; g.n];
             (k.dequant)(&g.blocks, &mut out);
             for (i, (a, b)) in out.iter().zip(&g.deq).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "{} {level:?} value {i}: {a} vs gguf {b}", g.ty);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} {level:?} value {i}: {a} vs gguf {b}",
+                    g.ty
+                );
             }
             checked += 1;
         }
@@ -119,7 +124,11 @@ fn activation_quantisation_is_byte_exact_with_ggml() {
         let q = quantize_activation(g.act, &g.act_f32).expect("whole blocks");
         assert_eq!(q.len(), g.actq.len(), "{} {:?}", g.ty, g.act);
         let first_diff = q.iter().zip(&g.actq).position(|(a, b)| a != b);
-        assert_eq!(first_diff, None, "{} {:?}: differs from ggml at byte {first_diff:?}", g.ty, g.act);
+        assert_eq!(
+            first_diff, None,
+            "{} {:?}: differs from ggml at byte {first_diff:?}",
+            g.ty, g.act
+        );
     }
 }
 
@@ -148,7 +157,11 @@ fn dot_products_match_f64_reference_and_ggml() {
             let Some(k) = kernels_at(g.ty, level) else {
                 continue;
             };
-            assert_eq!(k.act, g.act, "{}: activation format as ggml's vec_dot_type", g.ty);
+            assert_eq!(
+                k.act, g.act,
+                "{}: activation format as ggml's vec_dot_type",
+                g.ty
+            );
             let got = f64::from((k.vec_dot)(g.n, &g.blocks, &g.actq));
             let tol = DOT_REL_TOL * g.sum_abs + q8_1_sum_rounding(&g);
             assert!(
@@ -173,7 +186,15 @@ fn dequantised_activation_is_what_the_reference_multiplies() {
     for g in load() {
         let mut x = vec![0.0f32; g.n];
         strata_quant::dequantize_activation(g.act, &g.actq, &mut x).expect("sizes");
-        let f64_dot: f64 = x.iter().zip(&g.deq).map(|(a, w)| f64::from(*a) * f64::from(*w)).sum();
-        assert!((f64_dot - g.f64_dot).abs() <= 1e-9 * g.sum_abs.max(1e-30), "{}", g.ty);
+        let f64_dot: f64 = x
+            .iter()
+            .zip(&g.deq)
+            .map(|(a, w)| f64::from(*a) * f64::from(*w))
+            .sum();
+        assert!(
+            (f64_dot - g.f64_dot).abs() <= 1e-9 * g.sum_abs.max(1e-30),
+            "{}",
+            g.ty
+        );
     }
 }

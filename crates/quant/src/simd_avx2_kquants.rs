@@ -1,0 +1,297 @@
+//! AVX2 + FMA + F16C dot products of Q2_K … Q6_K with Q8_K activations
+//! (dequantisation stays the scalar, bit-exact code).
+//!
+//! Each super-block's integer sums are computed with vectors and are exact
+//! (bounds below); the float part is then the scalar `kquants::finish`, so the
+//! results are bit-exact with the scalar reference.
+//!
+//! Integer bounds (activation quants in -127..=127): `maddubs` pair sums are at
+//! most 2·63·127 = 16002 < 2¹⁵ (Q6_K's 6-bit quants; smaller elsewhere); each
+//! i32 lane of a super-block stays below 2²⁸.
+//!
+//! The tables here are only handed out by `lib.rs` after `detected_simd()`
+//! found AVX2 + FMA + F16C; that is what makes the safe wrappers sound.
+
+use std::arch::x86_64::*;
+
+use crate::activation::{Q8_K_BSUMS, Q8_K_BYTES, Q8_K_QS, QK_K};
+use crate::kquants::{
+    Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, dequant_q2_k, dequant_q3_k,
+    dequant_q4_k, dequant_q5_k, dequant_q6_k, finish, scale_min_k4, scales_q3k,
+};
+use crate::simd_avx2_legacy::{f16_at, hsum_i32, load32};
+use crate::{ActFormat, FormatKernels, QuantType};
+
+/// The 16 bsums of a Q8_K block as i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bsums(y: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees a Q8_K block at y.
+    unsafe { load32(y.add(Q8_K_BSUMS)) }
+}
+
+/// Σ_g bsum_g · s_g for 16 signed i16 weights `s`, exact.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bsum_dot(bsums: __m256i, s: __m256i) -> i32 {
+    hsum_i32(_mm256_madd_epi16(bsums, s))
+}
+
+/// i16 lanes: `s0` in lanes 0..8, `s1` in lanes 8..16 (one scale per 16 values).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scale_pair(s0: i16, s1: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
+}
+
+/// Σ q·a·scale over 32 values: unsigned quants `q` (≤ 63), signed activations
+/// `a`, i16 scales per 16 values `sc`; 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scaled_dot(q: __m256i, a: __m256i, sc: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), sc)
+}
+
+/// The bits `shift..shift+width` of every byte of `v` (shift < 8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bits(v: __m256i, shift: i32, mask: i8) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)),
+        _mm256_set1_epi8(mask),
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q2_k(x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: one Q2_K block at x, one Q8_K block at y.
+    unsafe {
+        let sc: [u8; 16] = x.cast::<[u8; 16]>().read_unaligned();
+        let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_loadu_si128(x.cast()), 4));
+        let mins = _mm256_and_si256(mins, _mm256_set1_epi16(0x0f));
+        let msum = bsum_dot(bsums(y), mins);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q2 = load32(x.add(16 + 32 * n));
+            for j in 0..4 {
+                let g = 8 * n + 2 * j;
+                let s = scale_pair(i16::from(sc[g] & 0x0f), i16::from(sc[g + 1] & 0x0f));
+                let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
+                acc = _mm256_add_epi32(acc, scaled_dot(bits(q2, 2 * j as i32, 3), a, s));
+            }
+        }
+        let dy = f32_at_ptr(y);
+        finish(
+            dy * f16_at(x.add(80)),
+            hsum_i32(acc),
+            dy * f16_at(x.add(82)),
+            msum,
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q3_k(x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: one Q3_K block at x, one Q8_K block at y.
+    unsafe {
+        let sc = scales_q3k(&x.add(96).cast::<[u8; 12]>().read_unaligned());
+        // The stored quant is (2 low bits | third bit << 2) − 4: sum with the
+        // unsigned 0..=7 and take 4·Σ scale·bsum back.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        let bias = bsum_dot(bsums(y), sc16);
+        let hm = load32(x);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let q2 = load32(x.add(32 + 32 * n));
+            for j in 0..4 {
+                let g = 8 * n + 2 * j;
+                let hi = _mm256_slli_epi16(bits(hm, (4 * n + j) as i32, 1), 2);
+                let q = _mm256_or_si256(bits(q2, 2 * j as i32, 3), hi);
+                let s = scale_pair(i16::from(sc[g]), i16::from(sc[g + 1]));
+                let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
+                acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
+            }
+        }
+        let isum = hsum_i32(acc) - 4 * bias;
+        finish(f16_at(x.add(108)) * f32_at_ptr(y), isum, 0.0, 0)
+    }
+}
+
+/// The (scales, mins) of a Q4_K/Q5_K block as i16 sub-block scales and the
+/// exact Σ min·bsum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_and_min_sum(x: *const u8, y: *const u8) -> ([u8; 8], i32) {
+    // SAFETY: the caller guarantees a Q4_K/Q5_K block at x and a Q8_K block at y.
+    unsafe {
+        let (sc, mn) = scale_min_k4(&x.add(4).cast::<[u8; 12]>().read_unaligned());
+        // Each min covers two groups of 16: add the bsums in pairs first.
+        let b = bsums(y);
+        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
+        let m = _mm_madd_epi16(pairs, mins);
+        let m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0b01_00_11_10));
+        let m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0b10_11_00_01));
+        (sc, _mm_cvtsi128_si32(m))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q4_k(x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: one Q4_K block at x, one Q8_K block at y.
+    unsafe {
+        let (sc, msum) = scales_and_min_sum(x, y);
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q4 = load32(x.add(16 + 32 * j));
+            let lo = _mm256_and_si256(q4, _mm256_set1_epi8(0x0f));
+            let hi = bits(q4, 4, 0x0f);
+            let a0 = load32(y.add(Q8_K_QS + 64 * j));
+            let a1 = load32(y.add(Q8_K_QS + 64 * j + 32));
+            let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
+            let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+            acc = _mm256_add_epi32(acc, scaled_dot(lo, a0, s0));
+            acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
+        }
+        let dy = f32_at_ptr(y);
+        finish(f16_at(x) * dy, hsum_i32(acc), f16_at(x.add(2)) * dy, msum)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q5_k(x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: one Q5_K block at x, one Q8_K block at y.
+    unsafe {
+        let (sc, msum) = scales_and_min_sum(x, y);
+        let qh = load32(x.add(16));
+        let mut acc = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q4 = load32(x.add(48 + 32 * j));
+            let h0 = _mm256_slli_epi16(bits(qh, 2 * j as i32, 1), 4);
+            let h1 = _mm256_slli_epi16(bits(qh, 2 * j as i32 + 1, 1), 4);
+            let lo = _mm256_or_si256(_mm256_and_si256(q4, _mm256_set1_epi8(0x0f)), h0);
+            let hi = _mm256_or_si256(bits(q4, 4, 0x0f), h1);
+            let a0 = load32(y.add(Q8_K_QS + 64 * j));
+            let a1 = load32(y.add(Q8_K_QS + 64 * j + 32));
+            let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
+            let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+            acc = _mm256_add_epi32(acc, scaled_dot(lo, a0, s0));
+            acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
+        }
+        let dy = f32_at_ptr(y);
+        finish(f16_at(x) * dy, hsum_i32(acc), f16_at(x.add(2)) * dy, msum)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
+    // SAFETY: one Q6_K block at x, one Q8_K block at y.
+    unsafe {
+        let sc: [i8; 16] = x.add(192).cast::<[i8; 16]>().read_unaligned();
+        // Quants are stored +32: sum with the unsigned 0..=63, take 32·Σ scale·bsum back.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        let bias = bsum_dot(bsums(y), sc16);
+        let mut acc = _mm256_setzero_si256();
+        for n in 0..2 {
+            let ql0 = load32(x.add(64 * n));
+            let ql1 = load32(x.add(64 * n + 32));
+            let qh = load32(x.add(128 + 32 * n));
+            let low = [
+                _mm256_and_si256(ql0, _mm256_set1_epi8(0x0f)),
+                _mm256_and_si256(ql1, _mm256_set1_epi8(0x0f)),
+                bits(ql0, 4, 0x0f),
+                bits(ql1, 4, 0x0f),
+            ];
+            for (part, lo) in low.into_iter().enumerate() {
+                let hi = _mm256_slli_epi16(bits(qh, 2 * part as i32, 3), 4);
+                let q = _mm256_or_si256(lo, hi);
+                let g = 8 * n + 2 * part;
+                let s = scale_pair(i16::from(sc[g]), i16::from(sc[g + 1]));
+                let a = load32(y.add(Q8_K_QS + 128 * n + 32 * part));
+                acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
+            }
+        }
+        let isum = hsum_i32(acc) - 32 * bias;
+        finish(f16_at(x.add(208)) * f32_at_ptr(y), isum, 0.0, 0)
+    }
+}
+
+/// The Q8_K block scale `d` at `y`.
+#[inline]
+unsafe fn f32_at_ptr(y: *const u8) -> f32 {
+    // SAFETY: the caller guarantees 4 readable bytes at y.
+    unsafe { y.cast::<f32>().read_unaligned() }
+}
+
+macro_rules! avx2_k {
+    ($name:ident, $dot:ident, $inner:ident, $block:ident, $bytes:expr, $deq:ident) => {
+        fn $dot(n: usize, row: &[u8], act: &[u8]) -> f32 {
+            let nb = n / QK_K;
+            assert!(
+                row.len() >= nb * $bytes && act.len() >= nb * Q8_K_BYTES,
+                "vec_dot: row or activation too short"
+            );
+            // SAFETY: nb blocks of each are in bounds (checked above); the CPU
+            // runs AVX2 + FMA + F16C (this table is only handed out when it does).
+            unsafe { $inner(nb, row.as_ptr(), act.as_ptr()) }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $inner(nb: usize, x: *const u8, y: *const u8) -> f32 {
+            let mut sumf = 0.0f32;
+            for i in 0..nb {
+                // SAFETY: the caller guarantees nb blocks at x and at y.
+                sumf += unsafe { $block(x.add(i * $bytes), y.add(i * Q8_K_BYTES)) };
+            }
+            sumf
+        }
+
+        pub(crate) static $name: FormatKernels = FormatKernels {
+            ty: QuantType::$name,
+            dequant: $deq,
+            vec_dot: $dot,
+            act: ActFormat::Q8_K,
+        };
+    };
+}
+
+avx2_k!(
+    Q2_K,
+    vec_dot_q2_k,
+    dot_q2_k,
+    block_q2_k,
+    Q2_K_BYTES,
+    dequant_q2_k
+);
+avx2_k!(
+    Q3_K,
+    vec_dot_q3_k,
+    dot_q3_k,
+    block_q3_k,
+    Q3_K_BYTES,
+    dequant_q3_k
+);
+avx2_k!(
+    Q4_K,
+    vec_dot_q4_k,
+    dot_q4_k,
+    block_q4_k,
+    Q4_K_BYTES,
+    dequant_q4_k
+);
+avx2_k!(
+    Q5_K,
+    vec_dot_q5_k,
+    dot_q5_k,
+    block_q5_k,
+    Q5_K_BYTES,
+    dequant_q5_k
+);
+avx2_k!(
+    Q6_K,
+    vec_dot_q6_k,
+    dot_q6_k,
+    block_q6_k,
+    Q6_K_BYTES,
+    dequant_q6_k
+);
