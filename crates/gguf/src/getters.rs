@@ -174,22 +174,38 @@ impl GgufFile {
         key: &str,
         target: &'static str,
     ) -> Result<Vec<T>, GgufError> {
-        let array = self.get_array(key)?;
-        let wide = array.integers().ok_or_else(|| GgufError::WrongType {
-            key: key.to_string(),
-            expected: "array of integers",
-            found: array.type_description(),
-        })?;
-        wide.into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                T::try_from(v).map_err(|_| GgufError::OutOfRange {
-                    key: key.to_string(),
-                    value: format!("{v} (element {i})"),
-                    target,
+        fn convert<S: Copy + Into<i128>, T: TryFrom<i128>>(
+            key: &str,
+            v: &[S],
+            target: &'static str,
+        ) -> Result<Vec<T>, GgufError> {
+            v.iter()
+                .enumerate()
+                .map(|(i, &x)| {
+                    let wide: i128 = x.into();
+                    T::try_from(wide).map_err(|_| GgufError::OutOfRange {
+                        key: key.to_string(),
+                        value: format!("{wide} (element {i})"),
+                        target,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        }
+        match self.get_array(key)? {
+            Array::U8(v) => convert(key, v, target),
+            Array::I8(v) => convert(key, v, target),
+            Array::U16(v) => convert(key, v, target),
+            Array::I16(v) => convert(key, v, target),
+            Array::U32(v) => convert(key, v, target),
+            Array::I32(v) => convert(key, v, target),
+            Array::U64(v) => convert(key, v, target),
+            Array::I64(v) => convert(key, v, target),
+            a => Err(GgufError::WrongType {
+                key: key.to_string(),
+                expected: "array of integers",
+                found: a.type_description(),
+            }),
+        }
     }
 
     /// An integer array of any width whose elements all fit in `i32`.

@@ -22,6 +22,17 @@ pub(crate) const MAX_DIMS: u32 = 4;
 /// bounded only by the file size).
 const MAX_ARRAY_DEPTH: u32 = 16;
 
+/// Capacity reserved ahead of parsing a counted list; beyond it, lists grow
+/// only as entries actually parse, so memory follows real content.
+const MAX_RESERVE: usize = 4096;
+
+/// The capacity to reserve for a list of `count` items.
+fn reserve(count: u64) -> usize {
+    usize::try_from(count)
+        .unwrap_or(MAX_RESERVE)
+        .min(MAX_RESERVE)
+}
+
 /// Smallest possible metadata entry: empty key (8), type (4), a 1-byte value.
 const MIN_KV_BYTES: u64 = 13;
 /// Smallest possible tensor index entry: empty name (8), n_dims (4), type (4), offset (8).
@@ -91,6 +102,18 @@ impl<'a> Cursor<'a> {
         self.take(len)
     }
 
+    /// A note for errors when `count` items of at least `min_bytes` each cannot
+    /// fit in what is left of the file; empty when they can.
+    fn implausible(&self, count: u64, min_bytes: u64, what: &str) -> String {
+        match count.checked_mul(min_bytes) {
+            Some(need) if need <= self.remaining() => String::new(),
+            _ => format!(
+                " (the header claims {count} {what}, more than the {}-byte file can hold)",
+                self.bytes.len()
+            ),
+        }
+    }
+
     /// Checks that `count` items of at least `min_bytes` each can fit in what
     /// is left, so that a capacity of `count` is bounded by the file size.
     fn check_count(&self, count: u64, min_bytes: u64, what: &str) -> Result<usize, String> {
@@ -130,16 +153,15 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
     let n_kv = cur
         .u64()
         .map_err(|r| header(format!("metadata count: {r}")))?;
-    let n_kv = cur
-        .check_count(n_kv, MIN_KV_BYTES, "metadata")
-        .map_err(header)?;
-    let n_tensors = cur
-        .check_count(n_tensors, MIN_TENSOR_INFO_BYTES, "tensor")
-        .map_err(header)?;
+    // Counts are not refused up front: entries are read one by one (lists
+    // grow only as they parse), so a truncated file names the entry it cuts.
+    // A count the file cannot hold is mentioned in that entry's error.
+    let kv_note = cur.implausible(n_kv, MIN_KV_BYTES, "metadata entries");
+    let tensor_note = cur.implausible(n_tensors, MIN_TENSOR_INFO_BYTES, "tensors");
 
-    let metadata = parse_metadata(&mut cur, n_kv)?;
+    let metadata = parse_metadata(&mut cur, n_kv, &kv_note)?;
     let alignment = alignment_of(&metadata)?;
-    let infos = parse_tensor_index(&mut cur, n_tensors)?;
+    let infos = parse_tensor_index(&mut cur, n_tensors, &tensor_note)?;
 
     let data_offset = (cur.pos as u64).next_multiple_of(alignment);
     let tensors = place_tensors(infos, data_offset, alignment, bytes.len() as u64)?;
@@ -152,12 +174,12 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, GgufError> {
     })
 }
 
-fn parse_metadata(cur: &mut Cursor<'_>, n_kv: usize) -> Result<Metadata, GgufError> {
-    let mut metadata = Metadata::with_capacity(n_kv);
-    for index in 0..n_kv as u64 {
+fn parse_metadata(cur: &mut Cursor<'_>, n_kv: u64, note: &str) -> Result<Metadata, GgufError> {
+    let mut metadata = Metadata::with_capacity(reserve(n_kv));
+    for index in 0..n_kv {
         let key_bytes = cur.string().map_err(|r| GgufError::BadKey {
             index,
-            reason: format!("key: {r}"),
+            reason: format!("key: {r}{note}"),
         })?;
         let key = std::str::from_utf8(key_bytes).map_err(|_| GgufError::BadKey {
             index,
@@ -232,7 +254,7 @@ fn read_array(cur: &mut Cursor<'_>, depth: u32) -> Result<Array, String> {
     match ty {
         ValueType::String => {
             let n = cur.check_count(count, MIN_STRING_BYTES, "string array")?;
-            let mut strings = StringArray::with_capacity(n, 0);
+            let mut strings = StringArray::with_capacity(n.min(MAX_RESERVE), 0);
             for i in 0..n {
                 let s = cur.string().map_err(|r| format!("element {i}: {r}"))?;
                 strings.push(s);
@@ -241,7 +263,7 @@ fn read_array(cur: &mut Cursor<'_>, depth: u32) -> Result<Array, String> {
         }
         _ => {
             let n = cur.check_count(count, MIN_ARRAY_BYTES, "nested array")?;
-            let mut arrays = Vec::with_capacity(n);
+            let mut arrays = Vec::with_capacity(n.min(MAX_RESERVE));
             for i in 0..n {
                 arrays.push(read_array(cur, depth + 1).map_err(|r| format!("element {i}: {r}"))?);
             }
@@ -306,15 +328,22 @@ struct RawTensor {
     n_bytes: u64,
 }
 
-fn parse_tensor_index(cur: &mut Cursor<'_>, n_tensors: usize) -> Result<Vec<RawTensor>, GgufError> {
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut seen = HashSet::with_capacity(n_tensors);
+fn parse_tensor_index(
+    cur: &mut Cursor<'_>,
+    n_tensors: u64,
+    note: &str,
+) -> Result<Vec<RawTensor>, GgufError> {
+    let reserve = reserve(n_tensors);
+    let mut tensors = Vec::with_capacity(reserve);
+    let mut seen = HashSet::with_capacity(reserve);
     for i in 0..n_tensors {
         let unnamed = |reason: String| GgufError::BadTensor {
             tensor: format!("#{i}"),
             reason,
         };
-        let name_bytes = cur.string().map_err(|r| unnamed(format!("name: {r}")))?;
+        let name_bytes = cur
+            .string()
+            .map_err(|r| unnamed(format!("name: {r}{note}")))?;
         let name = std::str::from_utf8(name_bytes)
             .map_err(|_| {
                 unnamed(format!(

@@ -31,6 +31,7 @@ fn strings(items: &[&[u8]]) -> StringArray {
 }
 
 /// The same content, in the same order, as `build_writer_golden` in the script.
+#[allow(clippy::approx_constant)] // 3.14159 is the golden's value, not an approximation of pi
 fn golden_writer() -> GgufWriter<'static> {
     let mut w = GgufWriter::new();
     w.add("general.architecture", "strata-test");
