@@ -16,8 +16,8 @@
 use std::arch::x86_64::*;
 
 use crate::activation::{Q8_0_BYTES, Q8_K_BYTES, QK_K};
-use crate::iq_avx2::f16_to_f32;
-use crate::iq_tables::{KVALUES_IQ4NL, KVALUES_MXFP4, check_lengths, e8m0_to_f32_half};
+use crate::iq_avx2::{f16_to_f32, hsum_f32, rd_u16};
+use crate::iq_tables::{KVALUES_IQ4NL, KVALUES_MXFP4, check_lengths};
 use crate::iq4::{IQ4_NL_BYTES, IQ4_XS_BYTES, dequant_iq4_nl, dequant_iq4_xs};
 use crate::mxfp4::{MXFP4_BYTES, dequant_mxfp4};
 use crate::{ActFormat, FormatKernels, QuantType};
@@ -47,21 +47,13 @@ fn vec_dot_iq4_nl(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = check_lengths(n, 32, IQ4_NL_BYTES, row, Q8_0_BYTES, act);
     // SAFETY: `nb` blocks of each are in bounds (checked above); the CPU runs
     // AVX2 + FMA + F16C (this table is only handed out when it does).
-    unsafe { dot_nl32(nb, row.as_ptr(), act.as_ptr(), Scale32::F16, &KVALUES_IQ4NL) }
+    unsafe { dot_nl32::<false>(nb, row.as_ptr(), act.as_ptr(), &KVALUES_IQ4NL) }
 }
 
 fn vec_dot_mxfp4(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = check_lengths(n, 32, MXFP4_BYTES, row, Q8_0_BYTES, act);
     // SAFETY: as in `vec_dot_iq4_nl`.
-    unsafe {
-        dot_nl32(
-            nb,
-            row.as_ptr(),
-            act.as_ptr(),
-            Scale32::E8M0,
-            &KVALUES_MXFP4,
-        )
-    }
+    unsafe { dot_nl32::<true>(nb, row.as_ptr(), act.as_ptr(), &KVALUES_MXFP4) }
 }
 
 fn vec_dot_iq4_xs(n: usize, row: &[u8], act: &[u8]) -> f32 {
@@ -70,14 +62,21 @@ fn vec_dot_iq4_xs(n: usize, row: &[u8], act: &[u8]) -> f32 {
     unsafe { dot_iq4_xs(nb, row.as_ptr(), act.as_ptr()) }
 }
 
-/// How a 32-element block stores its scale.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Scale32 {
-    /// IQ4_NL: `f16 d`, then 16 bytes of nibbles (18 bytes).
-    F16,
-    /// MXFP4: `u8 e` (E8M0, halved), then 16 bytes of nibbles (17 bytes).
-    E8M0,
-}
+/// `e8m0_to_f32_half` of every byte: one load instead of a branchy bit trick.
+static E8M0_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits = if e < 2 {
+            0x0020_0000u32 << e
+        } else {
+            (e as u32 - 1) << 23
+        };
+        t[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    t
+};
 
 /// 32 levels for 16 bytes of nibbles at `q`: element `j` from the low nibble
 /// of byte `j`, element `j + 16` from its high nibble.
@@ -101,56 +100,75 @@ unsafe fn dot32_pairs(levels: __m256i, a: *const u8) -> __m256i {
     _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(q8, levels))
 }
 
-#[inline]
-#[target_feature(enable = "avx2")]
-fn hsum_f32(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// IQ4_NL / MXFP4 against Q8_0, two blocks per step for two independent sums.
+/// IQ4_NL (`E8M0 = false`: `f16 d` + 16 bytes, 18 per block) or MXFP4
+/// (`E8M0 = true`: `u8 e` + 16 bytes, 17 per block) against Q8_0, two blocks
+/// per step into two independent sums.
 ///
 /// # Safety
-/// `x` holds `nb` blocks of the format `scale` names, `y` `nb` Q8_0 blocks;
-/// the CPU runs AVX2 + FMA + F16C.
+/// `x` holds `nb` blocks of that format, `y` `nb` Q8_0 blocks; the CPU runs
+/// AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_nl32(
+unsafe fn dot_nl32<const E8M0: bool>(
     nb: usize,
     x: *const u8,
     y: *const u8,
-    scale: Scale32,
     values: &[i8; 16],
 ) -> f32 {
+    let (xbytes, qoff) = if E8M0 {
+        (MXFP4_BYTES, 1)
+    } else {
+        (IQ4_NL_BYTES, 2)
+    };
     // SAFETY: `values` is 16 bytes.
     let table = unsafe { _mm_loadu_si128(values.as_ptr().cast()) };
-    let (xbytes, qoff) = match scale {
-        Scale32::F16 => (IQ4_NL_BYTES, 2),
-        Scale32::E8M0 => (MXFP4_BYTES, 1),
-    };
-    let block_scale = |xb: *const u8| -> f32 {
-        // SAFETY: `xb` is a block start in bounds (the loop below).
-        unsafe {
-            match scale {
-                Scale32::F16 => f16_to_f32(u16::from_le_bytes([*xb, *xb.add(1)])),
-                Scale32::E8M0 => e8m0_to_f32_half(*xb),
-            }
-        }
-    };
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for ib in 0..nb {
-        // SAFETY: block `ib` of each is in bounds (caller's contract).
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY (both closures): `ib` < nb, so block `ib` of each is in bounds.
+    let scale = |ib: usize| -> f32 {
         unsafe {
             let xb = x.add(ib * xbytes);
             let yb = y.add(ib * Q8_0_BYTES);
-            let pairs = dot32_pairs(levels32(xb.add(qoff), table), yb.add(2));
-            let sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-            let d = f16_to_f32(u16::from_le_bytes([*yb, *yb.add(1)])) * block_scale(xb);
-            acc[ib % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sums), acc[ib % 2]);
+            if E8M0 {
+                // The f16 goes in twice so that LLVM keeps a plain 32-bit move
+                // rather than shrinking it to a 2-byte insert (slower here).
+                let dy = u32::from(rd_u16(yb));
+                let f = _mm_cvtph_ps(_mm_cvtsi32_si128((dy | (dy << 16)) as i32));
+                let e = _mm_set_ss(E8M0_HALF[usize::from(*xb)]);
+                _mm_cvtss_f32(_mm_mul_ss(_mm_movehdup_ps(f), e))
+            } else {
+                let dy = rd_u16(yb);
+                // Both f16 scales widened by one conversion, then multiplied.
+                let pair = u32::from(dy) | (u32::from(rd_u16(xb)) << 16);
+                let f = _mm_cvtph_ps(_mm_cvtsi32_si128(pair as i32));
+                _mm_cvtss_f32(_mm_mul_ss(f, _mm_movehdup_ps(f)))
+            }
         }
+    };
+    let sums = |ib: usize| -> __m256 {
+        unsafe {
+            let levels = levels32(x.add(ib * xbytes + qoff), table);
+            let pairs = dot32_pairs(levels, y.add(ib * Q8_0_BYTES + 2));
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones))
+        }
+    };
+    let mut acc1 = _mm256_setzero_ps();
+    let mut acc2 = _mm256_setzero_ps();
+    let mut acc3 = _mm256_setzero_ps();
+    let mut acc4 = _mm256_setzero_ps();
+    let mut ib = 0;
+    while ib + 3 < nb {
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale(ib)), sums(ib), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_set1_ps(scale(ib + 1)), sums(ib + 1), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_set1_ps(scale(ib + 2)), sums(ib + 2), acc3);
+        acc4 = _mm256_fmadd_ps(_mm256_set1_ps(scale(ib + 3)), sums(ib + 3), acc4);
+        ib += 4;
     }
-    hsum_f32(_mm256_add_ps(acc[0], acc[1]))
+    while ib < nb {
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(scale(ib)), sums(ib), acc1);
+        ib += 1;
+    }
+    acc1 = _mm256_add_ps(acc1, acc3);
+    acc2 = _mm256_add_ps(acc2, acc4);
+    hsum_f32(_mm256_add_ps(acc1, acc2))
 }
 
 /// IQ4_XS against Q8_K: the eight 32-element blocks' sums are combined with

@@ -2,9 +2,10 @@
 //! and IQ3_S with Q8_K activations.
 //!
 //! Each super-block's integer sum (grid magnitudes × signed activations ×
-//! scales) is computed in vector lanes and reduced exactly, then scaled and
-//! accumulated in the same order as the scalar reference — so these return
-//! exactly what the scalar kernels in `iq2.rs` / `iq3.rs` return.
+//! scales) is exact in i32 lanes; it is scaled by the block's `d` into f32
+//! lanes that are summed at the end, so the result differs from the scalar
+//! kernels in `iq2.rs` / `iq3.rs` only by float rounding order (reducing each
+//! super-block to a scalar, to match them bit for bit, cost IQ2_XS ~8%).
 //!
 //! Signs: grid entries are unsigned (`maddubs` wants its first operand
 //! unsigned), so a group's signs are applied to the activations instead, with
@@ -96,7 +97,7 @@ fn vec_dot_iq3_s(n: usize, row: &[u8], act: &[u8]) -> f32 {
 // ---- small helpers (callers hold the same target features) ----
 
 #[inline(always)]
-unsafe fn rd_u16(p: *const u8) -> u16 {
+pub(crate) unsafe fn rd_u16(p: *const u8) -> u16 {
     // SAFETY: the caller guarantees `p..p+2` is readable.
     u16::from_le(unsafe { p.cast::<u16>().read_unaligned() })
 }
@@ -126,14 +127,14 @@ pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
-/// Sum of the eight i32 lanes (exact: the callers' sums cannot overflow).
+/// Sum of the eight f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) fn hsum_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-    _mm_cvtsi128_si32(s)
+pub(crate) fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
 }
 
 /// Bytes 0x01, 0x02, …, 0x80 repeated: bit `j` of a sign byte for element `j` of a group.
@@ -183,16 +184,28 @@ unsafe fn iq2_scales(p: *const u8) -> __m128i {
     _mm_add_epi8(_mm_slli_epi16::<1>(nib), _mm_set1_epi8(1))
 }
 
+/// `SCALE_PICK[ib32]` selects byte `2·ib32` eight times, then `2·ib32+1`.
+static SCALE_PICK: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut i = 0;
+    while i < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[i][j] = (2 * i + j / 8) as u8;
+            j += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
 /// For 32-element block `ib32`: its two scales as i16 lanes (0..8 low scale,
 /// 8..16 high scale), matching `maddubs`' pairs of elements 0..16 and 16..32.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn block_scales(scales: __m128i, ib32: usize) -> __m256i {
-    let lo = (2 * ib32) as i8;
-    let hi = lo + 1;
-    let pick = _mm_setr_epi8(
-        lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
-    );
+    // SAFETY: a row of SCALE_PICK is 16 bytes.
+    let pick = unsafe { _mm_loadu_si128(SCALE_PICK[ib32 & 7].as_ptr().cast()) };
     _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick))
 }
 
@@ -202,7 +215,7 @@ fn block_scales(scales: __m128i, ib32: usize) -> __m256i {
 /// `x` holds `nb` IQ2_XXS blocks, `y` `nb` Q8_K blocks; the CPU runs AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq2_xxs(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut sumf = 0f32;
+    let mut accf = _mm256_setzero_ps();
     for i in 0..nb {
         // SAFETY: block `i` of each is in bounds (caller's contract).
         unsafe {
@@ -222,18 +235,18 @@ unsafe fn dot_iq2_xxs(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 let ls = (2 * (aux >> 28) + 1) as i16;
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls)));
             }
-            sumf += d * hsum_i32(acc) as f32;
+            accf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), accf);
         }
     }
-    0.125 * sumf
+    0.125 * hsum_f32(accf)
 }
 
 /// # Safety
 /// `x` holds `nb` IQ2_XS blocks, `y` `nb` Q8_K blocks; the CPU runs AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq2_xs(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    // 0x80 where the 4-bit index has odd parity: the 8th sign bit of a 7-bit index
-    // `s` is parity(s) = parity((s ^ s >> 4) & 15).
+    // 0x80 where the 4-bit index has odd parity: the 8th sign bit of a 7-bit
+    // index `s` is parity(s) = parity((s ^ s >> 4) & 15).
     let parity = _mm256_setr_epi8(
         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0, //
         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
@@ -250,7 +263,7 @@ unsafe fn dot_iq2_xs(nb: usize, x: *const u8, y: *const u8) -> f32 {
     );
     let sel = bit_selector();
     let ones = _mm256_set1_epi8(1);
-    let mut sumf = 0f32;
+    let mut accf = _mm256_setzero_ps();
     for i in 0..nb {
         // SAFETY: block `i` of each is in bounds (caller's contract).
         unsafe {
@@ -262,8 +275,8 @@ unsafe fn dot_iq2_xs(nb: usize, x: *const u8, y: *const u8) -> f32 {
             let mut acc1 = _mm256_setzero_si256();
             let mut acc2 = _mm256_setzero_si256();
             for h in 0..2 {
-                let q2 = xb.add(2 + 32 * h);
-                let v = load256(q2);
+                let v = load256(xb.add(2 + 32 * h));
+                let codes = xb.add(2 + 32 * h);
                 let sbits = _mm256_srli_epi16::<9>(v);
                 let t = _mm256_xor_si256(sbits, _mm256_srli_epi16::<13>(v));
                 let full = _mm256_or_si256(sbits, _mm256_shuffle_epi8(parity, t));
@@ -272,8 +285,9 @@ unsafe fn dot_iq2_xs(nb: usize, x: *const u8, y: *const u8) -> f32 {
                     _mm256_permute2x128_si256::<0x11>(full, full),
                 ];
                 for k in 0..4 {
-                    let qp = q2.add(8 * k);
-                    let g = |l: usize| IQ2XS_GRID[usize::from(rd_u16(qp.add(2 * l)) & 511)] as i64;
+                    // Four 16-bit codes in one scalar load, split with shifts.
+                    let four = codes.add(8 * k).cast::<u64>().read_unaligned();
+                    let g = |l: usize| IQ2XS_GRID[((four >> (16 * l)) & 511) as usize] as i64;
                     let grid = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
                     let spread = if k % 2 == 0 { spread_a } else { spread_b };
                     let b = _mm256_shuffle_epi8(lanes[k / 2], spread);
@@ -291,17 +305,18 @@ unsafe fn dot_iq2_xs(nb: usize, x: *const u8, y: *const u8) -> f32 {
                     }
                 }
             }
-            sumf += d * hsum_i32(_mm256_add_epi32(acc1, acc2)) as f32;
+            let sumi = _mm256_add_epi32(acc1, acc2);
+            accf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accf);
         }
     }
-    0.125 * sumf
+    0.125 * hsum_f32(accf)
 }
 
 /// # Safety
 /// `x` holds `nb` IQ2_S blocks, `y` `nb` Q8_K blocks; the CPU runs AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq2_s(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut sumf = 0f32;
+    let mut accf = _mm256_setzero_ps();
     for i in 0..nb {
         // SAFETY: block `i` of each is in bounds (caller's contract).
         unsafe {
@@ -324,17 +339,17 @@ unsafe fn dot_iq2_s(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 let dot = _mm256_maddubs_epi16(grid, q8s);
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot, block_scales(scales, ib32)));
             }
-            sumf += d * hsum_i32(acc) as f32;
+            accf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), accf);
         }
     }
-    0.125 * sumf
+    0.125 * hsum_f32(accf)
 }
 
 /// # Safety
 /// `x` holds `nb` IQ3_XXS blocks, `y` `nb` Q8_K blocks; the CPU runs AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq3_xxs(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut sumf = 0f32;
+    let mut accf = _mm256_setzero_ps();
     for i in 0..nb {
         // SAFETY: block `i` of each is in bounds (caller's contract).
         unsafe {
@@ -353,17 +368,17 @@ unsafe fn dot_iq3_xxs(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 let ls = (2 * (aux >> 28) + 1) as i16;
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls)));
             }
-            sumf += d * hsum_i32(acc) as f32;
+            accf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), accf);
         }
     }
-    0.25 * sumf
+    0.25 * hsum_f32(accf)
 }
 
 /// # Safety
 /// `x` holds `nb` IQ3_S blocks, `y` `nb` Q8_K blocks; the CPU runs AVX2 + FMA + F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq3_s(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut sumf = 0f32;
+    let mut accf = _mm256_setzero_ps();
     for i in 0..nb {
         // SAFETY: block `i` of each is in bounds (caller's contract).
         unsafe {
@@ -386,8 +401,8 @@ unsafe fn dot_iq3_s(nb: usize, x: *const u8, y: *const u8) -> f32 {
                 let ls = 2 * i16::from(sc) + 1;
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls)));
             }
-            sumf += d * hsum_i32(acc) as f32;
+            accf = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), accf);
         }
     }
-    sumf
+    hsum_f32(accf)
 }
