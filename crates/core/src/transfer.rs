@@ -160,10 +160,24 @@ impl Device {
         src: &DeviceBuffer<T>,
         stream: Stream,
     ) -> Result<Pending<T>> {
+        self.download_range(src, 0, src.len(), stream)
+    }
+
+    /// Queues a copy of `src[offset..offset + len]` to the host (see [`Device::download`]).
+    #[track_caller]
+    pub fn download_range<T: bytemuck::Pod>(
+        &self,
+        src: &DeviceBuffer<T>,
+        offset: usize,
+        len: usize,
+        stream: Stream,
+    ) -> Result<Pending<T>> {
         let site = std::panic::Location::caller();
         self.inner.check_stream(stream, site)?;
         self.inner.check_owner(src.state(), site)?;
-        let bytes = src.bytes();
+        src.check_range("download", offset, len, site)?;
+        let size = std::mem::size_of::<T>();
+        let bytes = len * size;
         let mut st = self.inner.lock();
         self.inner.refuse_during_capture(&st, "download", site)?;
         self.inner.collect(&mut st);
@@ -178,7 +192,7 @@ impl Device {
                 &st.staging[slot].pinned,
                 0,
                 src.state().raw,
-                0,
+                offset * size,
                 bytes,
                 site,
             )?
@@ -190,7 +204,7 @@ impl Device {
             inner: self.inner.clone(),
             staging: Some(staging.pinned),
             event: Some(event),
-            len: src.len(),
+            len,
             site,
             _t: PhantomData,
         })

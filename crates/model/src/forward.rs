@@ -1,0 +1,263 @@
+//! The forward pass: one batch of tokens through every layer, as launches on one stream.
+//! Scratch buffers are sized once for the largest batch and reused.
+
+use strata_core::{Device, DeviceBuffer, Stream};
+
+use crate::error::{ModelError, Result};
+use crate::hparams::QkNorm;
+use crate::model::{Attention, Ffn, Model};
+use crate::ops::Ops;
+
+/// The f16 K/V cache: per layer, `n_ctx` rows of `kv_dim` for K and for V.
+pub struct KvCache {
+    pub k: Vec<DeviceBuffer<u16>>,
+    pub v: Vec<DeviceBuffer<u16>>,
+    pub n_ctx: u32,
+}
+
+impl KvCache {
+    pub fn new(dev: &Device, model: &Model, n_ctx: u32) -> Result<Self> {
+        let rows = n_ctx as usize * model.hp.kv_dim() as usize;
+        let mut k = Vec::new();
+        let mut v = Vec::new();
+        for _ in 0..model.hp.n_layer {
+            k.push(dev.alloc::<u16>(rows)?);
+            v.push(dev.alloc::<u16>(rows)?);
+        }
+        Ok(KvCache { k, v, n_ctx })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|b| b.bytes()).sum()
+    }
+}
+
+/// Activations for up to `n_max` tokens at once.
+pub struct Scratch {
+    pub n_max: u32,
+    ids: DeviceBuffer<u32>,
+    pos: DeviceBuffer<i32>,
+    x: DeviceBuffer<f32>,
+    x2: DeviceBuffer<f32>,
+    xn: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    qn: DeviceBuffer<f32>,
+    kn: DeviceBuffer<f32>,
+    att: DeviceBuffer<f32>,
+    tmp: DeviceBuffer<f32>,
+    fa: DeviceBuffer<f32>,
+    fb: DeviceBuffer<f32>,
+    fc: DeviceBuffer<f32>,
+    router: DeviceBuffer<f32>,
+    expert_ids: DeviceBuffer<i32>,
+    expert_w: DeviceBuffer<f32>,
+    moe_y: DeviceBuffer<f32>,
+    shared: DeviceBuffer<f32>,
+    gate_logit: DeviceBuffer<f32>,
+    /// Logits of up to `n_max` rows.
+    pub logits: DeviceBuffer<f32>,
+}
+
+impl Scratch {
+    pub fn new(dev: &Device, model: &Model, n_max: u32) -> Result<Self> {
+        let h = &model.hp;
+        let n = n_max.max(1) as usize;
+        let (e, qd, kvd) = (h.n_embd as usize, h.q_dim() as usize, h.kv_dim() as usize);
+        let (mut ff, mut experts, mut used) = (h.n_ff as usize, 1usize, 1usize);
+        if let Some(m) = &h.moe {
+            experts = m.n_expert as usize;
+            used = m.n_expert_used as usize;
+            ff = ff
+                .max(used * m.n_ff_exp as usize)
+                .max(m.n_ff_shared.unwrap_or(0) as usize);
+        }
+        let f = |len: usize| dev.alloc::<f32>(len.max(1));
+        Ok(Scratch {
+            n_max: n as u32,
+            ids: dev.alloc::<u32>(n)?,
+            pos: dev.alloc::<i32>(n)?,
+            x: f(n * e)?,
+            x2: f(n * e)?,
+            xn: f(n * e)?,
+            q: f(n * qd)?,
+            k: f(n * kvd)?,
+            v: f(n * kvd)?,
+            qn: f(n * qd)?,
+            kn: f(n * kvd)?,
+            att: f(n * qd)?,
+            tmp: f(n * e)?,
+            fa: f(n * ff)?,
+            fb: f(n * ff)?,
+            fc: f(n * ff)?,
+            router: f(n * experts)?,
+            expert_ids: dev.alloc::<i32>(n * used)?,
+            expert_w: f(n * used)?,
+            moe_y: f(n * used * e)?,
+            shared: f(n * e)?,
+            gate_logit: f(n)?,
+            logits: f(n * h.n_vocab as usize)?,
+        })
+    }
+}
+
+/// Which rows' logits a forward pass computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    Last,
+    All,
+}
+
+impl Model {
+    /// Runs `tokens` (at most `scratch.n_max`) at positions `pos0..`, writing their K/V
+    /// into `kv` and the requested logits into `scratch.logits` (row 0 for `Last`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        kv: &KvCache,
+        tokens: &[u32],
+        pos0: u32,
+        rows: LogitRows,
+    ) -> Result<()> {
+        let h = &self.hp;
+        let n = tokens.len() as u32;
+        if n == 0 || n > scratch.n_max {
+            return Err(ModelError::BadHParams(format!(
+                "a forward pass takes 1..={} tokens, got {n}",
+                scratch.n_max
+            )));
+        }
+        let end = pos0 as usize + n as usize;
+        if end > kv.n_ctx as usize {
+            return Err(ModelError::ContextFull {
+                needed: end,
+                ctx: kv.n_ctx as usize,
+            });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t >= h.n_vocab) {
+            return Err(ModelError::BadToken(bad, h.n_vocab as usize));
+        }
+        let ops = Ops { dev, stream };
+        let s = scratch;
+        let positions: Vec<i32> = (0..n).map(|i| (pos0 + i) as i32).collect();
+        dev.upload(&s.ids, tokens, stream)?;
+        dev.upload(&s.pos, &positions, stream)?;
+        ops.embed_rows(&self.tok_embd, &s.ids, &s.x, n)?;
+        for (il, layer) in self.layers.iter().enumerate() {
+            // x -> x2 (attention residual) -> x (FFN residual)
+            self.attention(&ops, s, &layer.attn, &kv.k[il], &kv.v[il], n, pos0)?;
+            ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
+            ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
+            self.ffn(&ops, s, &layer.ffn, n)?;
+            ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
+        }
+        let (first, count) = match rows {
+            LogitRows::Last => (n - 1, 1),
+            LogitRows::All => (0, n),
+        };
+        let e = h.n_embd as usize;
+        ops.rms_norm(&s.x, first as usize * e, &self.output_norm, &s.xn, 0, count, h.rms_eps)?;
+        ops.mul_mat(self.output(), &s.xn, 0, &s.logits, count)?;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        ops: &Ops<'_>,
+        s: &Scratch,
+        a: &Attention,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        n: u32,
+        pos0: u32,
+    ) -> Result<()> {
+        let h = &self.hp;
+        ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
+        ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
+        ops.mul_mat(&a.wk, &s.xn, 0, &s.k, n)?;
+        ops.mul_mat(&a.wv, &s.xn, 0, &s.v, n)?;
+        for (buf, bias) in [(&s.q, &a.bq), (&s.k, &a.bk), (&s.v, &a.bv)] {
+            if let Some(b) = bias {
+                ops.add_rows(buf, b, n)?;
+            }
+        }
+        let (q, k) = match (h.qk_norm, &a.q_norm, &a.k_norm) {
+            (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => (&s.q, &s.k),
+            (QkNorm::PerHead, Some(qn), Some(kn)) => {
+                ops.rms_norm(&s.q, 0, qn, &s.qn, 0, n * h.n_head, h.rms_eps)?;
+                ops.rms_norm(&s.k, 0, kn, &s.kn, 0, n * h.n_head_kv, h.rms_eps)?;
+                (&s.qn, &s.kn)
+            }
+            (QkNorm::Full, Some(qn), Some(kn)) => {
+                ops.rms_norm(&s.q, 0, qn, &s.qn, 0, n, h.rms_eps)?;
+                ops.rms_norm(&s.k, 0, kn, &s.kn, 0, n, h.rms_eps)?;
+                (&s.qn, &s.kn)
+            }
+        };
+        ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
+        ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
+        ops.kv_store(k, &s.v, k_cache, v_cache, h.kv_dim(), pos0, n)?;
+        ops.attention(
+            q, k_cache, v_cache, &s.att, n, h.n_head, h.n_head_kv, h.head_dim, pos0, h.attn_scale,
+        )?;
+        ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
+        if let Some(b) = &a.bo {
+            ops.add_rows(&s.tmp, b, n)?;
+        }
+        Ok(())
+    }
+
+    /// FFN of the normalised `s.xn` into `s.tmp`.
+    fn ffn(&self, ops: &Ops<'_>, s: &Scratch, ffn: &Ffn, n: u32) -> Result<()> {
+        let h = &self.hp;
+        match ffn {
+            Ffn::Dense { gate, up, down } => {
+                ops.mul_mat(gate, &s.xn, 0, &s.fa, n)?;
+                ops.mul_mat(up, &s.xn, 0, &s.fb, n)?;
+                ops.swiglu(&s.fa, &s.fb, &s.fc, n * gate.m)?;
+                ops.mul_mat(down, &s.fc, 0, &s.tmp, n)?;
+            }
+            Ffn::Moe {
+                router,
+                gate,
+                up,
+                down,
+                shared,
+            } => {
+                let moe = h.moe.as_ref().ok_or_else(|| {
+                    ModelError::BadHParams("MoE weights without MoE hyper-parameters".into())
+                })?;
+                let k = moe.n_expert_used;
+                ops.mul_mat(router, &s.xn, 0, &s.router, n)?;
+                ops.router_topk(
+                    &s.router,
+                    &s.expert_ids,
+                    &s.expert_w,
+                    n,
+                    moe.n_expert,
+                    k,
+                    moe.norm_topk,
+                )?;
+                ops.mul_mat_experts(gate, &s.xn, &s.expert_ids, &s.fa, n, k, false)?;
+                ops.mul_mat_experts(up, &s.xn, &s.expert_ids, &s.fb, n, k, false)?;
+                ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
+                ops.mul_mat_experts(down, &s.fc, &s.expert_ids, &s.moe_y, n, k, true)?;
+                ops.moe_combine(&s.moe_y, &s.expert_w, &s.tmp, n, k, h.n_embd)?;
+                if let Some(sh) = shared {
+                    ops.mul_mat(&sh.gate, &s.xn, 0, &s.fa, n)?;
+                    ops.mul_mat(&sh.up, &s.xn, 0, &s.fb, n)?;
+                    ops.swiglu(&s.fa, &s.fb, &s.fc, n * sh.gate.m)?;
+                    ops.mul_mat(&sh.down, &s.fc, 0, &s.shared, n)?;
+                    ops.mul_mat(&sh.gate_inp, &s.xn, 0, &s.gate_logit, n)?;
+                    ops.sigmoid_gate_add(&s.shared, &s.gate_logit, &s.tmp, n, h.n_embd)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

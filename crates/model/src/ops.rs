@@ -1,0 +1,276 @@
+//! Typed launchers for the transformer kernels: the one place that knows each kernel's
+//! argument order (crates/core/kernels.txt). Every launch goes through the ordered API.
+
+use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Result, Stream};
+
+use crate::hparams::Rope;
+use crate::weights::{Experts, Matrix, Vector};
+
+const BLOCK: u32 = 256;
+
+fn cfg(n: usize) -> LaunchCfg {
+    LaunchCfg::linear(n, BLOCK)
+}
+
+/// A device and the stream the forward pass runs on.
+#[derive(Clone, Copy)]
+pub struct Ops<'a> {
+    pub dev: &'a Device,
+    pub stream: Stream,
+}
+
+impl Ops<'_> {
+    #[track_caller]
+    fn launch(&self, k: KernelId, n: usize, args: Args<'_>) -> Result<()> {
+        self.dev.launch(k, &cfg(n), &args, self.stream)
+    }
+
+    pub fn embed_rows(
+        &self,
+        table: &Matrix,
+        ids: &DeviceBuffer<u32>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(&table.buf)
+            .read(ids)
+            .write(out)
+            .u32(table.ty.id())
+            .u32(table.k)
+            .u32(n_tokens);
+        self.launch(KernelId::EmbedRows, (n_tokens * table.k) as usize, args)
+    }
+
+    /// `y[r] = rmsnorm(x[r]) * w` for `n_rows` rows of `w.len` (rows start at element
+    /// offsets `x_off`/`y_off`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        x: &DeviceBuffer<f32>,
+        x_off: usize,
+        w: &Vector,
+        y: &DeviceBuffer<f32>,
+        y_off: usize,
+        n_rows: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read_at(x, x_off)
+            .read(&w.buf)
+            .write_at(y, y_off)
+            .u32(n_rows)
+            .u32(w.len)
+            .f32(eps);
+        self.launch(KernelId::RmsNorm, (n_rows * w.len) as usize, args)
+    }
+
+    /// `y[n x m] = x[n x k] * w^T`, x read from element `x_off`.
+    pub fn mul_mat(
+        &self,
+        w: &Matrix,
+        x: &DeviceBuffer<f32>,
+        x_off: usize,
+        y: &DeviceBuffer<f32>,
+        n: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(&w.buf)
+            .read_at(x, x_off)
+            .write(y)
+            .u32(w.ty.id())
+            .u32(w.m)
+            .u32(w.k)
+            .u32(n);
+        self.launch(KernelId::MulMat, (n * w.m) as usize, args)
+    }
+
+    pub fn add(
+        &self,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        n: u32,
+    ) -> Result<()> {
+        let args = Args::new().read(a).read(b).write(y).u32(n);
+        self.launch(KernelId::Add, n as usize, args)
+    }
+
+    pub fn add_rows(&self, x: &DeviceBuffer<f32>, b: &Vector, n_rows: u32) -> Result<()> {
+        let args = Args::new().read_write(x).read(&b.buf).u32(n_rows).u32(b.len);
+        self.launch(KernelId::AddRows, (n_rows * b.len) as usize, args)
+    }
+
+    pub fn swiglu(
+        &self,
+        gate: &DeviceBuffer<f32>,
+        up: &DeviceBuffer<f32>,
+        y: &DeviceBuffer<f32>,
+        n: u32,
+    ) -> Result<()> {
+        let args = Args::new().read(gate).read(up).write(y).u32(n);
+        self.launch(KernelId::Swiglu, n as usize, args)
+    }
+
+    pub fn rope(
+        &self,
+        x: &DeviceBuffer<f32>,
+        pos: &DeviceBuffer<i32>,
+        n_tokens: u32,
+        n_heads: u32,
+        head_dim: u32,
+        r: &Rope,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read_write(x)
+            .read(pos)
+            .u32(n_tokens)
+            .u32(n_heads)
+            .u32(head_dim)
+            .u32(r.n_rot)
+            .u32(r.mode as u32)
+            .f32(r.freq_base)
+            .f32(r.freq_scale)
+            .f32(r.ext_factor)
+            .f32(r.attn_factor)
+            .f32(r.beta_fast)
+            .f32(r.beta_slow)
+            .u32(r.n_ctx_orig);
+        self.launch(KernelId::Rope, (n_tokens * n_heads * head_dim) as usize, args)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store(
+        &self,
+        k: &DeviceBuffer<f32>,
+        v: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        kv_dim: u32,
+        pos0: u32,
+        n_tokens: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(k)
+            .read(v)
+            .write(k_cache)
+            .write(v_cache)
+            .u32(kv_dim)
+            .u32(pos0)
+            .u32(n_tokens);
+        self.launch(KernelId::KvStore, (n_tokens * kv_dim) as usize, args)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        q: &DeviceBuffer<f32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        pos0: u32,
+        scale: f32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(q)
+            .read(k_cache)
+            .read(v_cache)
+            .write(out)
+            .u32(n_tokens)
+            .u32(n_head)
+            .u32(n_kv_head)
+            .u32(head_dim)
+            .u32(pos0)
+            .f32(scale);
+        self.launch(KernelId::Attention, (n_tokens * n_head) as usize, args)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn router_topk(
+        &self,
+        logits: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        weights: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_expert: u32,
+        k: u32,
+        norm: bool,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(logits)
+            .write(ids)
+            .write(weights)
+            .u32(n_tokens)
+            .u32(n_expert)
+            .u32(k)
+            .u32(norm as u32);
+        self.launch(KernelId::RouterTopk, n_tokens as usize, args)
+    }
+
+    /// `y[t][j] = x' * W_{ids[t][j]}^T`; x' is x[t] or, with `x_per_slot`, x[t][j].
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_mat_experts(
+        &self,
+        w: &Experts,
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        y: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+        x_per_slot: bool,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(&w.buf)
+            .read(x)
+            .read(ids)
+            .write(y)
+            .u32(w.ty.id())
+            .u32(w.m)
+            .u32(w.k)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(x_per_slot as u32)
+            .u64(w.expert_bytes);
+        self.launch(KernelId::MulMatExperts, (n_tokens * n_used * w.m) as usize, args)
+    }
+
+    pub fn moe_combine(
+        &self,
+        y: &DeviceBuffer<f32>,
+        weights: &DeviceBuffer<f32>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+        m: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(y)
+            .read(weights)
+            .write(out)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(m);
+        self.launch(KernelId::MoeCombine, (n_tokens * m) as usize, args)
+    }
+
+    pub fn sigmoid_gate_add(
+        &self,
+        x: &DeviceBuffer<f32>,
+        gate: &DeviceBuffer<f32>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        m: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(x)
+            .read(gate)
+            .read_write(out)
+            .u32(n_tokens)
+            .u32(m);
+        self.launch(KernelId::SigmoidGateAdd, (n_tokens * m) as usize, args)
+    }
+}
