@@ -1,0 +1,134 @@
+//! Splitting text into words before BPE: regexes in cascade, then GPT-2's
+//! byte-to-character mapping.
+
+use std::ops::Range;
+
+use fancy_regex::Regex;
+
+use super::error::TokenizerError;
+use super::pre_table::RegexList;
+
+/// Compiled regexes of one pre-tokenizer.
+pub(crate) struct PreTokenizer {
+    regexes: Vec<Regex>,
+}
+
+impl PreTokenizer {
+    pub(crate) fn new(list: RegexList) -> Result<Self, TokenizerError> {
+        let regexes = list
+            .iter()
+            .map(|p| {
+                Regex::new(p).map_err(|e| TokenizerError::BadRegex {
+                    pattern: (*p).to_owned(),
+                    reason: e.to_string(),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { regexes })
+    }
+
+    /// Byte ranges of the words of `text`. Each regex runs on every piece left
+    /// by the previous one, and both its matches and the text between them
+    /// become pieces (llama.cpp's `unicode_regex_split`).
+    pub(crate) fn split(&self, text: &str) -> Result<Vec<Range<usize>>, TokenizerError> {
+        let mut pieces = vec![Range {
+            start: 0,
+            end: text.len(),
+        }];
+        for re in &self.regexes {
+            let mut next = Vec::with_capacity(pieces.len() * 2);
+            for piece in pieces {
+                let frag = &text[piece.clone()];
+                let mut last = 0;
+                for m in re.find_iter(frag) {
+                    let m = m.map_err(|e| TokenizerError::RegexRuntime {
+                        pattern: re.as_str().to_owned(),
+                        reason: e.to_string(),
+                    })?;
+                    if m.start() > last {
+                        next.push(piece.start + last..piece.start + m.start());
+                    }
+                    if m.end() > m.start() {
+                        next.push(piece.start + m.start()..piece.start + m.end());
+                    }
+                    last = m.end();
+                }
+                if last < frag.len() {
+                    next.push(piece.start + last..piece.end);
+                }
+            }
+            pieces = next;
+        }
+        Ok(pieces)
+    }
+}
+
+/// GPT-2's reversible map of the 256 byte values to printable characters.
+pub(crate) struct ByteLevel {
+    to_char: [char; 256],
+    /// Indexed by code point (all mapped characters are below U+0144).
+    from_char: Vec<Option<u8>>,
+}
+
+impl ByteLevel {
+    pub(crate) fn new() -> Self {
+        let printable = |b: u32| {
+            (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+        };
+        let mut to_char = ['\0'; 256];
+        let mut from_char = vec![None; 0x144];
+        let mut extra = 0u32;
+        for b in 0u32..256 {
+            let cp = if printable(b) {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            // Every value is below U+0144, so always a valid char.
+            let c = char::from_u32(cp).unwrap_or('\u{FFFD}');
+            to_char[b as usize] = c;
+            from_char[cp as usize] = Some(b as u8);
+        }
+        Self { to_char, from_char }
+    }
+
+    pub(crate) fn encode_into(&self, bytes: &[u8], out: &mut String) {
+        for &b in bytes {
+            out.push(self.to_char[b as usize]);
+        }
+    }
+
+    pub(crate) fn char_to_byte(&self, c: char) -> Option<u8> {
+        self.from_char.get(c as usize).copied().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_level_is_a_bijection_onto_gpt2_alphabet() {
+        let bl = ByteLevel::new();
+        let mut seen = std::collections::HashSet::new();
+        for b in 0..=255u8 {
+            let mut s = String::new();
+            bl.encode_into(&[b], &mut s);
+            let c = s.chars().next().unwrap();
+            assert_eq!(bl.char_to_byte(c), Some(b));
+            assert!(seen.insert(c));
+        }
+        // Known points of GPT-2's table: space is 'Ġ', newline 'Ċ'.
+        let mut s = String::new();
+        bl.encode_into(b" \n", &mut s);
+        assert_eq!(s, "ĠĊ");
+    }
+
+    #[test]
+    fn every_table_regex_compiles() {
+        for d in super::super::pre_table::all_defs() {
+            PreTokenizer::new(d.regexes).unwrap();
+        }
+    }
+}

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Regenerates tests/golden/tokenizer/*.json: token ids from llama.cpp's llama-tokenize.
+
+For every vocabulary (the llama.cpp test vocabularies in tests/fixtures/vocab and the
+SmolLM2 model) and every text below (hand-picked cases plus seeded random strings),
+llama-tokenize is run twice: as a user would (BOS/EOS per the model, special tokens
+parsed) and raw (--no-bos --no-parse-special). The text goes through a file with
+--no-escape so it reaches the tokenizer byte for byte.
+
+Usage: tools/gen_tokenizer_golden.py [--llama-tokenize PATH] [--smollm2 PATH]
+"""
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VOCABS = REPO / "tests" / "fixtures" / "vocab"
+OUT = REPO / "tests" / "golden" / "tokenizer"
+
+CURATED = [
+    "",
+    " ",
+    "\n",
+    "Hello world",
+    " Hello world",
+    "Hello, y'all! How're you? I'M fine; they'LL see. We'd've",
+    "The quick brown fox jumps over the lazy dog.\n\nSecond paragraph.",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "fn main() {\n\tlet x: Vec<u8> = vec![1, 2, 3];\n\tprintln!(\"{x:?}\");\n}\r\n",
+    "    leading spaces and trailing spaces    ",
+    "tabs\t\tand\t \tmixed \t whitespace\n \n  \n",
+    "line\r\nwindows\r\n\r\nends\rold mac",
+    "123 4567 89012 3.14159 1,000,000 0x1F 1e-9",
+    "emoji: 😀 👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️ ✅",
+    "中文测试：你好，世界！这是一个句子。",
+    "日本語のテキスト、カタカナとひらがな。",
+    "한국어 텍스트입니다.",
+    "Привет, мир! Ελληνικά κείμενα.",
+    "مرحبا بالعالم ١٢٣",
+    "हिन्दी पाठ में मात्राएँ हैं। ५६७",
+    "ภาษาไทยไม่มีช่องว่าง",
+    "Café naïve résumé coöperate e\u0301 a\u0300\u0301",
+    "ﬁ ligature, ＦＵＬＬＷＩＤＴＨ １２３ ！？",
+    "non\u00a0breaking\u3000ideographic\u2028line\u2029para\u200bzero",
+    "math: ∑ ∫ √2 ≤ ≥ ≠ ∞ € £ ¥ © ® ™ § ¶",
+    "quotes: ‘single’ “double” «guillemets» — dash – en … ellipsis",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "<s>[INST] hello [/INST]</s>",
+    "text<|endoftext|>more text<|endoftext|>",
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nHi<|eot_id|>",
+    "<|im_start|><|im_start|>double and <|im_sta partial <|im_end|x",
+    "<|user|>\n  question <|end|>\n<|assistant|>",
+    "!!!!!!?????......,,,,;;;;::::''''\"\"\"\"````",
+    "a" * 300,
+    " " * 50 + "x" + "\n" * 20 + "y",
+    "https://example.com/path?query=1&b=2#frag user@example.org",
+    "<html><body class=\"x\">&amp; &lt;tag&gt;</body></html>",
+    "{\"key\": [1, 2.5, null, true], \"nested\": {\"a\": \"b\"}}",
+    "C++ std::vector<int> v; v.push_back(42); // comment /* block */",
+    "\u00ff\u00fe\u00f8\u00f6\u00e0 latin-1 bytes ø ö ú ÿ",
+    "private use \ue000\ue001 replacement \ufffd control \x01\x1f\x7f",
+]
+
+# Characters the random strings are drawn from: every script and category above.
+POOL = (
+    list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    + list(" " * 12 + "\n" * 4 + "\t\r")
+    + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+    + ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "'Re"]
+    + list("éñüßøåçÀÉÎ\u0301\u0308ΩαβγЖжЯ中文字日本語カナひらがな한국어العربيةहिन्दी५٣ไทย")
+    + list("😀👍🏽\u200d❤️✅🇫🇷€£©∑√≤…—–‘’“”«»\u00a0\u3000\u2028\u200b\ufffd\ue000ＡＢ１２！")
+    + ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>", "</s>", "<|eot_id|>", "<|end|>", "<unk>"]
+)
+
+
+def random_texts(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(POOL) for _ in range(rng.randint(1, 40))) for _ in range(count)]
+
+
+def tokenize(tool: str, model: Path, text: str, raw: bool) -> list[int]:
+    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
+        f.write(text.encode("utf-8"))
+        path = f.name
+    try:
+        cmd = [tool, "-m", str(model), "-f", path, "--ids", "--no-escape", "--log-disable"]
+        if raw:
+            cmd += ["--no-bos", "--no-parse-special"]
+        out = subprocess.run(cmd, capture_output=True, check=True).stdout.decode()
+    finally:
+        os.unlink(path)
+    line = [l for l in out.splitlines() if l.startswith("[")][-1]
+    return json.loads(line)
+
+
+def generate(tool: str, model: Path, name: str, texts: list[str]) -> None:
+    cases = []
+    for text in texts:
+        for raw in (False, True):
+            cases.append(
+                {
+                    "text": text,
+                    "add_special": not raw,
+                    "parse_special": not raw,
+                    "ids": tokenize(tool, model, text, raw),
+                }
+            )
+    dest = OUT / f"{name}.json"
+    header = {
+        "source": "llama.cpp llama-tokenize --ids --no-escape (raw: --no-bos --no-parse-special)",
+        "vocab": str(model.relative_to(REPO)) if model.is_relative_to(REPO) else model.name,
+        "cases": cases,
+    }
+    dest.write_text(json.dumps(header, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{dest.relative_to(REPO)}: {len(cases)} cases", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-tokenize", default="/work/oracle/llama.cpp/build/bin/llama-tokenize")
+    default_model = Path(os.environ.get("STRATA_MODEL_DIR", Path.home() / ".cache/strata/models"))
+    ap.add_argument("--smollm2", default=str(default_model / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--only", help="regenerate only this golden name")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    jobs = [("smollm2", Path(args.smollm2), CURATED + random_texts(2024, 120))]
+    for i, vocab in enumerate(sorted(VOCABS.glob("ggml-vocab-*.gguf"))):
+        name = vocab.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
+        jobs.append((f"vocab-{name}", vocab, CURATED + random_texts(100 + i, 40)))
+    for name, model, texts in jobs:
+        if args.only and args.only != name:
+            continue
+        generate(args.llama_tokenize, model, name, texts)
+
+
+if __name__ == "__main__":
+    main()
