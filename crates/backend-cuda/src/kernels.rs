@@ -1,0 +1,346 @@
+//! The per-device kernel table: every kernels-cuda/ module compiled (or taken from the
+//! cache) and loaded, every `KernelId` resolved once to its `CUfunction`, so a launch is
+//! an index, never a string look-up. Also the packing of `KernelArg`s into the
+//! parameter array `cuLaunchKernel` reads.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use cudarc::driver::sys;
+use strata_core::{Error, KernelArg, KernelId};
+
+use crate::compile::{self, Image, Origin};
+use crate::driver::{self, check};
+
+include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
+
+/// Most arguments one launch may pass.
+pub(crate) const MAX_ARGS: usize = 32;
+
+/// One resolved kernel.
+pub(crate) struct KernelEntry {
+    pub func: sys::CUfunction,
+    /// Byte size of each parameter, when the driver can tell (`cuFuncGetParamInfo`).
+    pub params: Option<Vec<usize>>,
+}
+
+/// Every module of one context and the kernel table built from them.
+pub(crate) struct KernelTable {
+    modules: Vec<sys::CUmodule>,
+    /// Indexed by `KernelId::index()`; `None` for a kernel no CUDA source defines.
+    entries: Vec<Option<KernelEntry>>,
+    /// How each module was obtained, in `KERNEL_MODULES` order.
+    pub origins: Vec<(&'static str, Origin)>,
+}
+
+// SAFETY: module and function handles are plain driver handles, valid on any thread
+// that has their context current (the backend binds it before every call).
+unsafe impl Send for KernelTable {}
+unsafe impl Sync for KernelTable {}
+
+/// The embedded source of `module`.
+pub(crate) fn source_of(module: &str) -> Option<&'static str> {
+    KERNEL_SOURCES
+        .iter()
+        .find(|(m, _)| *m == module)
+        .map(|(_, s)| *s)
+}
+
+fn load_image(image: &Image) -> Result<sys::CUmodule, Error> {
+    let mut m: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: a complete cubin, or NUL-terminated PTX; the context is current.
+    check("cuModuleLoadData", unsafe {
+        sys::cuModuleLoadData(&mut m, image.bytes().as_ptr().cast())
+    })?;
+    Ok(m)
+}
+
+/// Compiles (or takes from `cache_root`) and loads one module.
+fn load_module(
+    module: &'static str,
+    cc: (u32, u32),
+    cache_root: Option<&Path>,
+) -> Result<(sys::CUmodule, Origin), Error> {
+    let arch = format!("sm_{}{}", cc.0, cc.1);
+    let source = source_of(module).ok_or_else(|| Error::Compile {
+        module: module.to_string(),
+        arch: arch.clone(),
+        log: "no embedded source for this module".into(),
+    })?;
+    let stem = compile::cache_stem(module, source, KERNEL_HEADERS);
+    let dir = cache_root.map(|r| r.join(&arch));
+    if let Some(dir) = &dir
+        && let Some((image, path)) = compile::cached_image(dir, &stem, &arch)
+    {
+        match load_image(&image) {
+            Ok(m) => return Ok((m, Origin::Cache(path))),
+            Err(e) => {
+                // A corrupt or incompatible (e.g. PTX from a newer NVRTC) image: drop it
+                // and build a fresh one.
+                tracing::warn!(
+                    "cuda: cached {} unusable ({e}); recompiling",
+                    path.display()
+                );
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let (image, target) = compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?;
+    let m = load_image(&image)?;
+    if let Some(dir) = &dir {
+        compile::store(dir, &stem, &target, &image);
+    }
+    Ok((m, Origin::Nvrtc { target }))
+}
+
+/// Parameter sizes of `f`, or `None` when the driver cannot report them.
+fn param_sizes(f: sys::CUfunction) -> Option<Vec<usize>> {
+    if !driver::has_symbol("cuFuncGetParamInfo") {
+        return None;
+    }
+    let mut sizes = Vec::new();
+    for i in 0..=MAX_ARGS * 4 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: valid function; writes two integers.
+        let r = unsafe { sys::cuFuncGetParamInfo(f, i, &mut offset, &mut size) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            // Past the last parameter. A kernel that seems to take none is left
+            // unchecked: the same error could mean the query is not supported for it.
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE if !sizes.is_empty() => {
+                return Some(sizes);
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+impl KernelTable {
+    /// Builds the table; the device's context must be current on this thread. Every
+    /// kernels-cuda/ module that defines a listed kernel is compiled and loaded; a kernel
+    /// with no CUDA definition is left out (`supports` says false for it).
+    pub fn load(cc: (u32, u32), cache_root: Option<&Path>) -> Result<Self, Error> {
+        let mut table = KernelTable {
+            modules: Vec::new(),
+            entries: Vec::with_capacity(KernelId::COUNT),
+            origins: Vec::new(),
+        };
+        let mut loaded: Vec<(&'static str, sys::CUmodule)> = Vec::new();
+        // On error `table` drops here and unloads what was loaded.
+        for (module, _) in KERNEL_SOURCES {
+            if !KernelId::ALL.iter().any(|id| id.module() == *module) {
+                tracing::debug!("cuda: kernels-cuda/{module}.cu defines no listed kernel");
+                continue;
+            }
+            let (m, origin) = load_module(module, cc, cache_root)?;
+            table.modules.push(m);
+            table.origins.push((module, origin));
+            loaded.push((module, m));
+        }
+        for id in KernelId::ALL {
+            let Some(&(_, m)) = loaded.iter().find(|(name, _)| *name == id.module()) else {
+                table.entries.push(None);
+                continue;
+            };
+            let func = CString::new(id.name()).ok().and_then(|name| {
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                // SAFETY: loaded module; NUL-terminated name.
+                let r = unsafe { sys::cuModuleGetFunction(&mut f, m, name.as_ptr()) };
+                (r == sys::CUresult::CUDA_SUCCESS).then_some(f)
+            });
+            match func {
+                Some(f) => table.entries.push(Some(KernelEntry {
+                    func: f,
+                    params: param_sizes(f),
+                })),
+                None => {
+                    tracing::warn!(
+                        "cuda: kernel {} is not defined in kernels-cuda/{}.cu; it is unsupported",
+                        id.name(),
+                        id.module()
+                    );
+                    table.entries.push(None);
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    /// The kernel, or `None` when no CUDA source defines it.
+    pub fn get(&self, id: KernelId) -> Option<&KernelEntry> {
+        self.entries.get(id.index()).and_then(Option::as_ref)
+    }
+}
+
+impl Drop for KernelTable {
+    fn drop(&mut self) {
+        for m in self.modules.drain(..) {
+            // SAFETY: loaded by this table; no launch is queued after the device drops
+            // (the backend synchronises first).
+            unsafe {
+                sys::cuModuleUnload(m);
+            }
+        }
+    }
+}
+
+/// Bytes a parameter of this kind occupies in the kernel's signature.
+pub(crate) fn arg_size(a: &KernelArg) -> usize {
+    match a {
+        KernelArg::Buffer { .. } | KernelArg::U64(_) => 8,
+        KernelArg::U32(_) | KernelArg::I32(_) | KernelArg::F32(_) => 4,
+    }
+}
+
+/// Checks `args` against the kernel's parameter sizes; the reason when they disagree.
+pub(crate) fn check_args(params: &[usize], args: &[KernelArg]) -> Result<(), String> {
+    if params.len() != args.len() {
+        return Err(format!(
+            "the kernel takes {} arguments, {} were passed",
+            params.len(),
+            args.len()
+        ));
+    }
+    for (i, (p, a)) in params.iter().zip(args).enumerate() {
+        if *p != arg_size(a) {
+            return Err(format!(
+                "argument {i} is {} bytes ({a:?}) but the kernel's parameter is {p} bytes",
+                arg_size(a)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes each argument's value into its own 8-byte slot (the driver copies `size`
+/// bytes from each slot's address). Buffers become `CUdeviceptr + offset`.
+pub(crate) fn pack(args: &[KernelArg], slots: &mut [u64; MAX_ARGS]) -> Result<usize, String> {
+    if args.len() > MAX_ARGS {
+        return Err(format!(
+            "{} arguments; at most {MAX_ARGS} are supported",
+            args.len()
+        ));
+    }
+    let low4 = |b: [u8; 4]| u64::from_ne_bytes([b[0], b[1], b[2], b[3], 0, 0, 0, 0]);
+    for (slot, a) in slots.iter_mut().zip(args) {
+        *slot = match *a {
+            KernelArg::Buffer { buf, offset, .. } => buf
+                .0
+                .checked_add(offset as u64)
+                .ok_or_else(|| format!("buffer offset {offset} overflows the address"))?,
+            KernelArg::U64(v) => v,
+            KernelArg::U32(v) => low4(v.to_ne_bytes()),
+            KernelArg::I32(v) => low4(v.to_ne_bytes()),
+            KernelArg::F32(v) => low4(v.to_ne_bytes()),
+        };
+    }
+    Ok(args.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::{Access, RawBuffer};
+
+    /// Every `extern "C" __global__ void name(` in the embedded sources, with its module.
+    fn declared() -> Vec<(String, &'static str)> {
+        let marker = "extern \"C\" __global__ void ";
+        let mut out = Vec::new();
+        for (module, src) in KERNEL_SOURCES {
+            for piece in src.split(marker).skip(1) {
+                let name: String = piece
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                out.push((name, *module));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_cuda_kernel_is_a_listed_kernel_of_its_module() {
+        // A kernel in kernels-cuda/ that core's list lacks (or files under another
+        // module) could never be launched: a typo, caught here.
+        let declared = declared();
+        assert!(!declared.is_empty());
+        for (name, module) in &declared {
+            assert!(
+                KernelId::ALL
+                    .iter()
+                    .any(|id| id.name() == name && id.module() == *module),
+                "kernels-cuda/{module}.cu defines {name}, which crates/core/kernels.txt does not list under {module}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_conformance_kernels_are_all_defined() {
+        let declared = declared();
+        for id in KernelId::ALL
+            .iter()
+            .filter(|id| id.module() == "conformance")
+        {
+            assert!(
+                declared
+                    .iter()
+                    .any(|(n, m)| n == id.name() && *m == "conformance"),
+                "{} missing from kernels-cuda/conformance.cu",
+                id.name()
+            );
+        }
+    }
+
+    #[test]
+    fn scalars_are_packed_into_the_low_bytes_of_their_slot() {
+        let args = [
+            KernelArg::Buffer {
+                buf: RawBuffer(0x7000_0000_0000),
+                offset: 64,
+                access: Access::Read,
+            },
+            KernelArg::U32(0xdead_beef),
+            KernelArg::I32(-2),
+            KernelArg::F32(1.5),
+            KernelArg::U64(u64::MAX - 1),
+        ];
+        let mut slots = [0u64; MAX_ARGS];
+        assert_eq!(pack(&args, &mut slots), Ok(5));
+        let bytes = |i: usize| slots[i].to_ne_bytes();
+        assert_eq!(slots[0], 0x7000_0000_0040);
+        assert_eq!(
+            u32::from_ne_bytes(bytes(1)[..4].try_into().unwrap()),
+            0xdead_beef
+        );
+        assert_eq!(i32::from_ne_bytes(bytes(2)[..4].try_into().unwrap()), -2);
+        assert_eq!(f32::from_ne_bytes(bytes(3)[..4].try_into().unwrap()), 1.5);
+        assert_eq!(slots[4], u64::MAX - 1);
+    }
+
+    #[test]
+    fn too_many_or_overflowing_arguments_are_refused() {
+        let mut slots = [0u64; MAX_ARGS];
+        assert!(pack(&[KernelArg::U32(0); MAX_ARGS + 1], &mut slots).is_err());
+        let overflow = KernelArg::Buffer {
+            buf: RawBuffer(u64::MAX),
+            offset: 1,
+            access: Access::Read,
+        };
+        assert!(pack(&[overflow], &mut slots).is_err());
+    }
+
+    #[test]
+    fn argument_sizes_are_checked_against_the_signature() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Write,
+        };
+        // fill_u32(unsigned int*, unsigned int, unsigned int)
+        let sig = [8, 4, 4];
+        assert!(check_args(&sig, &[buf, KernelArg::U32(1), KernelArg::U32(2)]).is_ok());
+        assert!(check_args(&sig, &[buf, KernelArg::U32(1)]).is_err());
+        assert!(check_args(&sig, &[buf, KernelArg::U64(1), KernelArg::U32(2)]).is_err());
+    }
+}
