@@ -27,18 +27,23 @@ pub(crate) const Q5_K_BYTES: usize = 176;
 pub(crate) const Q6_K_BYTES: usize = 210;
 
 /// The 8 (scale, min) pairs of a Q4_K/Q5_K block from its 12 packed bytes
-/// (ggml's `get_scale_min_k4`).
+/// (ggml's `get_scale_min_k4`): for j < 4 the low 6 bits of bytes j and j+4;
+/// for j ≥ 4 a nibble of byte j+4 and the top 2 bits of bytes j−4 and j.
+/// Done on 32-bit words, 4 values at a time.
 #[inline(always)]
 pub(crate) fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for j in 0..4 {
-        sc[j] = s[j] & 63;
-        mn[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-    }
-    (sc, mn)
+    let word = |o: usize| u32::from_le_bytes([s[o], s[o + 1], s[o + 2], s[o + 3]]);
+    let (w0, w1, w2) = (word(0), word(4), word(8));
+    let (six, low, two) = (0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303);
+    let sc_hi = (w2 & low) | (((w0 >> 6) & two) << 4);
+    let mn_hi = ((w2 >> 4) & low) | (((w1 >> 6) & two) << 4);
+    let cat = |a: u32, b: u32| {
+        let mut o = [0u8; 8];
+        o[..4].copy_from_slice(&a.to_le_bytes());
+        o[4..].copy_from_slice(&b.to_le_bytes());
+        o
+    };
+    (cat(w0 & six, sc_hi), cat(w1 & six, mn_hi))
 }
 
 /// The 16 signed scales of a Q3_K block (6 bits, minus 32) from its 12 packed

@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use crate::activation::{Q8_K_BSUMS, Q8_K_BYTES, Q8_K_QS, QK_K};
 use crate::kquants::{
     Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, dequant_q2_k, dequant_q3_k,
-    dequant_q4_k, dequant_q5_k, dequant_q6_k, finish, scale_min_k4, scales_q3k,
+    dequant_q4_k, dequant_q5_k, dequant_q6_k, finish, scale_min_k4,
 };
 use crate::simd_avx2_legacy::{f16_at, hsum_i32, load32};
 use crate::{ActFormat, FormatKernels, QuantType};
@@ -37,11 +37,25 @@ fn bsum_dot(bsums: __m256i, s: __m256i) -> i32 {
     hsum_i32(_mm256_madd_epi16(bsums, s))
 }
 
-/// i16 lanes: `s0` in lanes 0..8, `s1` in lanes 8..16 (one scale per 16 values).
+/// The 16 i16 lanes `s16` as two vectors, each one of its 128-bit halves
+/// in both halves (for [`pick`], since `pshufb` stays within a half).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn scale_pair(s0: i16, s1: i16) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
+fn halves(s16: __m256i) -> [__m256i; 2] {
+    [
+        _mm256_permute2x128_si256(s16, s16, 0x00),
+        _mm256_permute2x128_si256(s16, s16, 0x11),
+    ]
+}
+
+/// i16 lanes 0..8 = lane `a` of `v`'s half, lanes 8..16 = lane `b` (a, b < 8):
+/// one scale per 16 values, from a vector made by [`halves`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pick(v: __m256i, a: usize, b: usize) -> __m256i {
+    let word = |i: usize| ((((2 * i + 1) << 8) | (2 * i)) as u16) as i16;
+    let mask = _mm256_set_m128i(_mm_set1_epi16(word(b)), _mm_set1_epi16(word(a)));
+    _mm256_shuffle_epi8(v, mask)
 }
 
 /// Σ q·a·scale over 32 values: unsigned quants `q` (≤ 63), signed activations
@@ -66,16 +80,17 @@ fn bits(v: __m256i, shift: i32, mask: i8) -> __m256i {
 unsafe fn block_q2_k(x: *const u8, y: *const u8) -> f32 {
     // SAFETY: one Q2_K block at x, one Q8_K block at y.
     unsafe {
-        let sc: [u8; 16] = x.cast::<[u8; 16]>().read_unaligned();
-        let mins = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_loadu_si128(x.cast()), 4));
-        let mins = _mm256_and_si256(mins, _mm256_set1_epi16(0x0f));
+        let packed = _mm_loadu_si128(x.cast());
+        let nib = _mm_set1_epi8(0x0f);
+        let low = _mm256_cvtepu8_epi16(_mm_and_si128(packed, nib));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nib));
         let msum = bsum_dot(bsums(y), mins);
+        let sc = halves(low);
         let mut acc = _mm256_setzero_si256();
         for n in 0..2 {
             let q2 = load32(x.add(16 + 32 * n));
             for j in 0..4 {
-                let g = 8 * n + 2 * j;
-                let s = scale_pair(i16::from(sc[g] & 0x0f), i16::from(sc[g + 1] & 0x0f));
+                let s = pick(sc[n], 2 * j, 2 * j + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
                 acc = _mm256_add_epi32(acc, scaled_dot(bits(q2, 2 * j as i32, 3), a, s));
             }
@@ -90,24 +105,47 @@ unsafe fn block_q2_k(x: *const u8, y: *const u8) -> f32 {
     }
 }
 
+/// The 16 signed scales of a Q3_K block (as `kquants::scales_q3k`) from the
+/// 12 packed bytes at `p`, as i8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales_q3k_simd(p: *const u8) -> __m128i {
+    // SAFETY: the caller guarantees 12 readable bytes at p.
+    let (lo8, hi4) = unsafe {
+        (
+            _mm_loadl_epi64(p.cast()),
+            p.add(8).cast::<i32>().read_unaligned(),
+        )
+    };
+    let nib = _mm_set1_epi8(0x0f);
+    // Scale i: low nibble of byte i (i < 8) or high nibble of byte i − 8 …
+    let low = _mm_unpacklo_epi64(
+        _mm_and_si128(lo8, nib),
+        _mm_and_si128(_mm_srli_epi16(lo8, 4), nib),
+    );
+    // … and bits 2·(i / 4) of byte 8 + i % 4 on top.
+    let spread = _mm_srlv_epi32(_mm_set1_epi32(hi4), _mm_setr_epi32(0, 2, 4, 6));
+    let high = _mm_slli_epi16(_mm_and_si128(spread, _mm_set1_epi8(3)), 4);
+    _mm_sub_epi8(_mm_or_si128(low, high), _mm_set1_epi8(32))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn block_q3_k(x: *const u8, y: *const u8) -> f32 {
     // SAFETY: one Q3_K block at x, one Q8_K block at y.
     unsafe {
-        let sc = scales_q3k(&x.add(96).cast::<[u8; 12]>().read_unaligned());
         // The stored quant is (2 low bits | third bit << 2) − 4: sum with the
         // unsigned 0..=7 and take 4·Σ scale·bsum back.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
+        let sc16 = _mm256_cvtepi8_epi16(scales_q3k_simd(x.add(96)));
         let bias = bsum_dot(bsums(y), sc16);
+        let scv = halves(sc16);
         let hm = load32(x);
         let mut acc = _mm256_setzero_si256();
         for n in 0..2 {
             let q2 = load32(x.add(32 + 32 * n));
             for j in 0..4 {
-                let g = 8 * n + 2 * j;
                 let hi = _mm256_slli_epi16(bits(hm, (4 * n + j) as i32, 1), 2);
                 let q = _mm256_or_si256(bits(q2, 2 * j as i32, 3), hi);
-                let s = scale_pair(i16::from(sc[g]), i16::from(sc[g + 1]));
+                let s = pick(scv[n], 2 * j, 2 * j + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
                 acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
             }
@@ -117,11 +155,11 @@ unsafe fn block_q3_k(x: *const u8, y: *const u8) -> f32 {
     }
 }
 
-/// The (scales, mins) of a Q4_K/Q5_K block as i16 sub-block scales and the
-/// exact Σ min·bsum.
+/// The 8 sub-block scales of a Q4_K/Q5_K block as i16 lanes 0..8, repeated
+/// in lanes 8..16 (for [`pick`]), and the exact Σ min·bsum.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_and_min_sum(x: *const u8, y: *const u8) -> ([u8; 8], i32) {
+unsafe fn scales_and_min_sum(x: *const u8, y: *const u8) -> (__m256i, i32) {
     // SAFETY: the caller guarantees a Q4_K/Q5_K block at x and a Q8_K block at y.
     unsafe {
         let (sc, mn) = scale_min_k4(&x.add(4).cast::<[u8; 12]>().read_unaligned());
@@ -132,7 +170,8 @@ unsafe fn scales_and_min_sum(x: *const u8, y: *const u8) -> ([u8; 8], i32) {
         let m = _mm_madd_epi16(pairs, mins);
         let m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0b01_00_11_10));
         let m = _mm_add_epi32(m, _mm_shuffle_epi32(m, 0b10_11_00_01));
-        (sc, _mm_cvtsi128_si32(m))
+        let sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr().cast()));
+        (_mm256_broadcastsi128_si256(sc16), _mm_cvtsi128_si32(m))
     }
 }
 
@@ -148,8 +187,7 @@ unsafe fn block_q4_k(x: *const u8, y: *const u8) -> f32 {
             let hi = bits(q4, 4, 0x0f);
             let a0 = load32(y.add(Q8_K_QS + 64 * j));
             let a1 = load32(y.add(Q8_K_QS + 64 * j + 32));
-            let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
-            let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+            let (s0, s1) = (pick(sc, 2 * j, 2 * j), pick(sc, 2 * j + 1, 2 * j + 1));
             acc = _mm256_add_epi32(acc, scaled_dot(lo, a0, s0));
             acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
         }
@@ -173,8 +211,7 @@ unsafe fn block_q5_k(x: *const u8, y: *const u8) -> f32 {
             let hi = _mm256_or_si256(bits(q4, 4, 0x0f), h1);
             let a0 = load32(y.add(Q8_K_QS + 64 * j));
             let a1 = load32(y.add(Q8_K_QS + 64 * j + 32));
-            let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
-            let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
+            let (s0, s1) = (pick(sc, 2 * j, 2 * j), pick(sc, 2 * j + 1, 2 * j + 1));
             acc = _mm256_add_epi32(acc, scaled_dot(lo, a0, s0));
             acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
         }
@@ -191,6 +228,7 @@ unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
         // Quants are stored +32: sum with the unsigned 0..=63, take 32·Σ scale·bsum back.
         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr().cast()));
         let bias = bsum_dot(bsums(y), sc16);
+        let scv = halves(sc16);
         let mut acc = _mm256_setzero_si256();
         for n in 0..2 {
             let ql0 = load32(x.add(64 * n));
@@ -205,8 +243,7 @@ unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
             for (part, lo) in low.into_iter().enumerate() {
                 let hi = _mm256_slli_epi16(bits(qh, 2 * part as i32, 3), 4);
                 let q = _mm256_or_si256(lo, hi);
-                let g = 8 * n + 2 * part;
-                let s = scale_pair(i16::from(sc[g]), i16::from(sc[g + 1]));
+                let s = pick(scv[n], 2 * part, 2 * part + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * part));
                 acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
             }
