@@ -87,10 +87,10 @@ unsafe fn block_q2_k(x: *const u8, y: *const u8) -> f32 {
         let msum = bsum_dot(bsums(y), mins);
         let sc = halves(low);
         let mut acc = _mm256_setzero_si256();
-        for n in 0..2 {
+        for (n, half) in sc.into_iter().enumerate() {
             let q2 = load32(x.add(16 + 32 * n));
             for j in 0..4 {
-                let s = pick(sc[n], 2 * j, 2 * j + 1);
+                let s = pick(half, 2 * j, 2 * j + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
                 acc = _mm256_add_epi32(acc, scaled_dot(bits(q2, 2 * j as i32, 3), a, s));
             }
@@ -140,12 +140,12 @@ unsafe fn block_q3_k(x: *const u8, y: *const u8) -> f32 {
         let scv = halves(sc16);
         let hm = load32(x);
         let mut acc = _mm256_setzero_si256();
-        for n in 0..2 {
+        for (n, half) in scv.into_iter().enumerate() {
             let q2 = load32(x.add(32 + 32 * n));
             for j in 0..4 {
                 let hi = _mm256_slli_epi16(bits(hm, (4 * n + j) as i32, 1), 2);
                 let q = _mm256_or_si256(bits(q2, 2 * j as i32, 3), hi);
-                let s = pick(scv[n], 2 * j, 2 * j + 1);
+                let s = pick(half, 2 * j, 2 * j + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * j));
                 acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
             }
@@ -230,7 +230,7 @@ unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
         let bias = bsum_dot(bsums(y), sc16);
         let scv = halves(sc16);
         let mut acc = _mm256_setzero_si256();
-        for n in 0..2 {
+        for (n, half) in scv.into_iter().enumerate() {
             let ql0 = load32(x.add(64 * n));
             let ql1 = load32(x.add(64 * n + 32));
             let qh = load32(x.add(128 + 32 * n));
@@ -243,7 +243,7 @@ unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
             for (part, lo) in low.into_iter().enumerate() {
                 let hi = _mm256_slli_epi16(bits(qh, 2 * part as i32, 3), 4);
                 let q = _mm256_or_si256(lo, hi);
-                let s = pick(scv[n], 2 * part, 2 * part + 1);
+                let s = pick(half, 2 * part, 2 * part + 1);
                 let a = load32(y.add(Q8_K_QS + 128 * n + 32 * part));
                 acc = _mm256_add_epi32(acc, scaled_dot(q, a, s));
             }
