@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     allocated: AtomicUsize,
     rng: Mutex<DelayRng>,
     total_memory: usize,
+    /// Kernel threads (`CpuOptions::threads`); `None` when that is 1.
+    pool: Option<rayon::ThreadPool>,
 }
 
 /// The CPU backend. Create a [`strata_core::Device`] over it with [`crate::device`].
@@ -202,7 +204,10 @@ impl Shared {
                     KernelArg::F32(v) => ArgSlot::F32(v),
                 });
             }
-            kernels::run(kernel, &KernelArgs::new(cfg, slots))
+            kernels::run(
+                kernel,
+                &KernelArgs::new(cfg, slots).with_pool(self.pool.as_ref()),
+            )
         });
         if let Err(e) = result {
             self.fail(format!("kernel {} at {site}: {e}", kernel.name()));
@@ -297,6 +302,7 @@ impl CpuBackend {
             StreamWorker::spawn(LEGACY as u32).map_err(|e| driver("spawn", e.to_string()))?;
         let total_memory = opts.memory_limit.unwrap_or_else(mem_total);
         let seed = opts.seed;
+        let pool = kernels::thread_pool(opts.threads).map_err(|e| driver("threads", e))?;
         Ok(CpuBackend {
             sh: Arc::new(Shared {
                 opts,
@@ -312,6 +318,7 @@ impl CpuBackend {
                 allocated: AtomicUsize::new(0),
                 rng: Mutex::new(DelayRng::new(seed)),
                 total_memory,
+                pool,
             }),
         })
     }

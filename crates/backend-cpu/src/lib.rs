@@ -23,6 +23,9 @@ pub struct CpuOptions {
     pub memory_limit: Option<usize>,
     /// Seed of the delay generator.
     pub seed: u64,
+    /// Threads the heavy kernels (mul_mat, attention, ...) are split over; `None` means
+    /// one per available core (`std::thread::available_parallelism`).
+    pub threads: Option<usize>,
 }
 
 impl Default for CpuOptions {
@@ -32,6 +35,7 @@ impl Default for CpuOptions {
             max_dma_delay_us: 200,
             memory_limit: None,
             seed: 0x5EED,
+            threads: None,
         }
     }
 }

@@ -4,6 +4,8 @@
 mod conformance;
 mod model;
 
+pub use model::thread_pool;
+
 use std::cell::Cell;
 
 use strata_core::{KernelId, LaunchCfg};
@@ -28,6 +30,8 @@ pub struct KernelArgs<'a> {
     slots: Vec<ArgSlot>,
     /// Bit i set once argument i has been handed out mutably (a second time would alias).
     taken_mut: Cell<u64>,
+    /// The device's kernel threads; `None` runs everything on the calling stream thread.
+    pub pool: Option<&'a rayon::ThreadPool>,
 }
 
 impl<'a> KernelArgs<'a> {
@@ -36,7 +40,14 @@ impl<'a> KernelArgs<'a> {
             cfg,
             slots,
             taken_mut: Cell::new(0),
+            pool: None,
         }
+    }
+
+    /// The same arguments, with heavy kernels split over `pool`.
+    pub fn with_pool(mut self, pool: Option<&'a rayon::ThreadPool>) -> Self {
+        self.pool = pool;
+        self
     }
 
     fn slot(&self, i: usize) -> Result<ArgSlot, String> {

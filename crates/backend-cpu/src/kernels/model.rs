@@ -1,56 +1,30 @@
-//! CPU versions of the transformer ops (see crates/core/kernels.txt for each signature).
-//! Placeholder bodies until the kernels land; each refuses with an error.
+//! CPU versions of the transformer ops; crates/core/kernels.txt gives each signature and
+//! its meaning, llama.cpp's ggml-cpu the numerics they follow. One file per job:
+//!
+//! - `check`: argument validation shared by every op (sizes, formats, ids);
+//! - `par`: how work is split over the device's thread pool;
+//! - `elementwise`: add, add_rows, swiglu, sigmoid_gate_add;
+//! - `norm`: rms_norm; `embed`: embed_rows; `rope`: rope (YaRN included);
+//! - `matmul`: mul_mat and mul_mat_experts over strata-quant's dot products;
+//! - `attention`: kv_store and causal GQA attention over the f16 cache (`f16`: its SIMD);
+//! - `moe`: router_topk and moe_combine.
 
-use super::KernelArgs;
+mod attention;
+mod check;
+mod elementwise;
+mod embed;
+mod f16;
+mod matmul;
+mod moe;
+mod norm;
+mod par;
+mod rope;
 
-pub fn embed_rows(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("embed_rows: not implemented on the CPU backend yet".into())
-}
-
-pub fn rms_norm(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("rms_norm: not implemented on the CPU backend yet".into())
-}
-
-pub fn mul_mat(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("mul_mat: not implemented on the CPU backend yet".into())
-}
-
-pub fn add(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("add: not implemented on the CPU backend yet".into())
-}
-
-pub fn add_rows(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("add_rows: not implemented on the CPU backend yet".into())
-}
-
-pub fn swiglu(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("swiglu: not implemented on the CPU backend yet".into())
-}
-
-pub fn rope(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("rope: not implemented on the CPU backend yet".into())
-}
-
-pub fn kv_store(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("kv_store: not implemented on the CPU backend yet".into())
-}
-
-pub fn attention(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("attention: not implemented on the CPU backend yet".into())
-}
-
-pub fn router_topk(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("router_topk: not implemented on the CPU backend yet".into())
-}
-
-pub fn mul_mat_experts(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("mul_mat_experts: not implemented on the CPU backend yet".into())
-}
-
-pub fn moe_combine(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("moe_combine: not implemented on the CPU backend yet".into())
-}
-
-pub fn sigmoid_gate_add(_a: &KernelArgs<'_>) -> Result<(), String> {
-    Err("sigmoid_gate_add: not implemented on the CPU backend yet".into())
-}
+pub use attention::{attention, kv_store};
+pub use elementwise::{add, add_rows, sigmoid_gate_add, swiglu};
+pub use embed::embed_rows;
+pub use matmul::{mul_mat, mul_mat_experts};
+pub use moe::{moe_combine, router_topk};
+pub use norm::rms_norm;
+pub use par::thread_pool;
+pub use rope::rope;

@@ -1,0 +1,244 @@
+//! Quantised matrix products, as ggml's mul_mat and mul_mat_id compute them: each
+//! activation row is quantised once to the weight format's `vec_dot_type`
+//! (strata_quant's `FormatKernels::act`), then every output is one `vec_dot` of a weight
+//! row with a quantised activation row.
+//!
+//! Work is split over weight rows. Within a task, a block of weight rows stays in L1
+//! while a block of activation rows streams past, so for a batch (prefill, or the tokens
+//! routed to one expert) each weight byte comes from memory once.
+
+use std::cell::RefCell;
+
+use super::check::{Format, elems, fits, format, prefix, prefix_mut};
+use super::par::{self, DisjointOut};
+use crate::kernels::KernelArgs;
+
+/// Weight rows kept in L1 while a block of activation rows passes (for k = 4096 in
+/// Q4_K: 8 x 2.3 KiB).
+const ROW_BLOCK: usize = 8;
+/// Activation rows per block (for k = 4096: 32 x 4.6 KiB of Q8_K, in L2).
+const COL_BLOCK: usize = 32;
+
+thread_local! {
+    /// The stream thread's buffer of quantised activations, reused across launches.
+    static ACT_SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Quantises the `rows` activation rows of `x` (`rows * k` values) to `f`'s activation
+/// format, over the pool for big batches, then runs `body` on them.
+fn with_quantised<R>(
+    a: &KernelArgs<'_>,
+    f: &Format,
+    x: &[f32],
+    k: usize,
+    body: impl FnOnce(&[u8]) -> R,
+) -> Result<R, String> {
+    let rows = x.len().checked_div(k).unwrap_or(0);
+    let bytes = rows * f.act_row_bytes;
+    let quantise = |buf: &mut [u8]| {
+        let per = par::items_per_task(a.pool, rows, k * 4);
+        par::try_for_each_chunk(a.pool, buf, per * f.act_row_bytes, |i, qs| {
+            for (j, q) in qs.chunks_exact_mut(f.act_row_bytes).enumerate() {
+                let r = i * per + j;
+                strata_quant::quantize_activation_into(f.kernels.act, &x[r * k..(r + 1) * k], q)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+    };
+    ACT_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.resize(bytes, 0);
+            quantise(&mut buf[..bytes])?;
+            Ok(body(&buf[..bytes]))
+        }
+        // Re-entered (cannot happen from a stream thread): use a fresh buffer.
+        Err(_) => {
+            let mut buf = vec![0u8; bytes];
+            quantise(&mut buf)?;
+            Ok(body(&buf))
+        }
+    })
+}
+
+/// One weight matrix times a set of activation rows.
+struct Product<'a> {
+    /// `m` rows of `f.row_bytes`.
+    w: &'a [u8],
+    /// (activation row, output row) pairs.
+    cols: &'a [(usize, usize)],
+}
+
+/// A shared view of one launch's products: the quantised activations, the output
+/// (`y[out_row * m + r]`) and the shapes.
+struct Gemm<'a> {
+    f: Format,
+    k: usize,
+    m: usize,
+    acts: &'a [u8],
+    y: DisjointOut<'a, f32>,
+}
+
+impl Gemm<'_> {
+    /// Output rows `r0..r1` of `p`, for all of its columns.
+    fn rows(&self, p: &Product<'_>, r0: usize, r1: usize) {
+        let (rb, ab) = (self.f.row_bytes, self.f.act_row_bytes);
+        let dot = self.f.kernels.vec_dot;
+        for b0 in (r0..r1).step_by(ROW_BLOCK) {
+            let b1 = (b0 + ROW_BLOCK).min(r1);
+            for cols in p.cols.chunks(COL_BLOCK) {
+                for r in b0..b1 {
+                    let row = &p.w[r * rb..(r + 1) * rb];
+                    for &(ai, oi) in cols {
+                        let act = &self.acts[ai * ab..(ai + 1) * ab];
+                        // SAFETY: every (output row, weight row) pair belongs to exactly one
+                        // task: output rows are distinct across a launch's columns, and the
+                        // tasks of a product cover disjoint weight-row ranges.
+                        unsafe { self.y.write(oi * self.m + r, dot(self.k, row, act)) };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs every product, split over the pool by ranges of weight rows.
+    fn run(&self, pool: Option<&rayon::ThreadPool>, products: &[Product<'_>]) {
+        let total: usize = products
+            .iter()
+            .map(|p| self.m * self.k * p.cols.len())
+            .sum();
+        let per_task = par::task_work(pool, total);
+        let mut tasks = Vec::new();
+        for (i, p) in products.iter().enumerate() {
+            let row_work = (self.k * p.cols.len()).max(1);
+            let mut rows = (per_task / row_work).clamp(1, self.m.max(1));
+            if p.cols.len() > 1 && rows > ROW_BLOCK {
+                rows = rows.next_multiple_of(ROW_BLOCK);
+            }
+            tasks.extend(
+                (0..self.m)
+                    .step_by(rows)
+                    .map(|r0| (i, r0, (r0 + rows).min(self.m))),
+            );
+        }
+        par::for_each(pool, tasks.len(), |t| {
+            let (i, r0, r1) = tasks[t];
+            self.rows(&products[i], r0, r1);
+        });
+    }
+}
+
+/// `y[n x m] = x[n x k] * w^T`.
+pub fn mul_mat(a: &KernelArgs<'_>) -> Result<(), String> {
+    const OP: &str = "mul_mat";
+    let w = a.buf::<u8>(0)?;
+    let x = a.buf::<f32>(1)?;
+    let y = a.buf_mut::<f32>(2)?;
+    let (type_id, m, k, n) = (
+        a.u32(3)?,
+        a.u32(4)? as usize,
+        a.u32(5)? as usize,
+        a.u32(6)? as usize,
+    );
+    let f = format(OP, type_id, k)?;
+    let w = prefix(OP, "w (m rows of the format)", w, &[m, f.row_bytes])?;
+    let x = prefix(OP, "x", x, &[n, k])?;
+    let y = prefix_mut(OP, "y", y, &[n, m])?;
+    if k == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let cols: Vec<(usize, usize)> = (0..n).map(|i| (i, i)).collect();
+    with_quantised(a, &f, x, k, |acts| {
+        let gemm = Gemm {
+            f,
+            k,
+            m,
+            acts,
+            y: DisjointOut::new(y),
+        };
+        gemm.run(a.pool, &[Product { w, cols: &cols }]);
+    })
+}
+
+/// `y[t][j] = x' * W_e^T` for the expert `e = ids[t][j]` of every token's slots.
+pub fn mul_mat_experts(a: &KernelArgs<'_>) -> Result<(), String> {
+    const OP: &str = "mul_mat_experts";
+    let w = a.buf::<u8>(0)?;
+    let x = a.buf::<f32>(1)?;
+    let ids = a.buf::<i32>(2)?;
+    let y = a.buf_mut::<f32>(3)?;
+    let (type_id, m, k) = (a.u32(4)?, a.u32(5)? as usize, a.u32(6)? as usize);
+    let (n_tokens, n_used) = (a.u32(7)? as usize, a.u32(8)? as usize);
+    let x_per_slot = a.u32(9)? != 0;
+    let expert_bytes = usize::try_from(a.u64(10)?)
+        .map_err(|_| format!("{OP}: expert_bytes does not fit this machine's addresses"))?;
+    let f = format(OP, type_id, k)?;
+    let matrix_bytes = elems(OP, "an expert's matrix", &[m, f.row_bytes])?;
+    if expert_bytes < matrix_bytes {
+        return Err(format!(
+            "{OP}: expert_bytes {expert_bytes} is smaller than one {m} x {k} {} matrix ({matrix_bytes} bytes)",
+            f.ty.name()
+        ));
+    }
+    let ids = prefix(OP, "ids", ids, &[n_tokens, n_used])?;
+    let x_rows = if x_per_slot {
+        n_tokens * n_used
+    } else {
+        n_tokens
+    };
+    let x = prefix(OP, "x", x, &[x_rows, k])?;
+    let y = prefix_mut(OP, "y", y, &[n_tokens, n_used, m])?;
+    // Slots grouped by expert: (expert, activation row, output row).
+    let mut slots = Vec::with_capacity(ids.len());
+    for (s, &id) in ids.iter().enumerate() {
+        let e = usize::try_from(id).map_err(|_| {
+            format!(
+                "{OP}: token {} slot {} has expert id {id}",
+                s / n_used.max(1),
+                s % n_used.max(1)
+            )
+        })?;
+        let end = e
+            .checked_mul(expert_bytes)
+            .and_then(|o| o.checked_add(matrix_bytes))
+            .ok_or_else(|| format!("{OP}: expert id {e} overflows the weight offset"))?;
+        fits(OP, &format!("expert {e}'s weights (bytes)"), end, w.len())?;
+        let act_row = if x_per_slot { s } else { s / n_used };
+        slots.push((e, act_row, s));
+    }
+    if k == 0 {
+        y.fill(0.0);
+        return Ok(());
+    }
+    if m == 0 || slots.is_empty() {
+        return Ok(());
+    }
+    slots.sort_unstable();
+    let cols: Vec<(usize, usize)> = slots.iter().map(|&(_, ai, oi)| (ai, oi)).collect();
+    let mut products = Vec::new();
+    let mut start = 0;
+    while start < slots.len() {
+        let e = slots[start].0;
+        let end = start + slots[start..].iter().take_while(|s| s.0 == e).count();
+        let base = e * expert_bytes;
+        products.push(Product {
+            w: &w[base..base + matrix_bytes],
+            cols: &cols[start..end],
+        });
+        start = end;
+    }
+    with_quantised(a, &f, x, k, |acts| {
+        let gemm = Gemm {
+            f,
+            k,
+            m,
+            acts,
+            y: DisjointOut::new(y),
+        };
+        gemm.run(a.pool, &products);
+    })
+}

@@ -1,0 +1,145 @@
+//! How the model ops split work over the device's persistent thread pool. A launch is
+//! split only when it has enough work to repay waking the pool (a few microseconds);
+//! small ops (decode-time norms, adds) run on the stream thread itself.
+
+use rayon::ThreadPool;
+use rayon::prelude::*;
+
+/// Work units (about one multiply-add each) below which a launch stays on one thread.
+const MIN_PARALLEL_WORK: usize = 32 * 1024;
+/// Work units below which a task is not split further.
+const MIN_TASK_WORK: usize = 16 * 1024;
+/// Tasks per thread, so that uneven tasks (experts, causal spans) still balance.
+const TASKS_PER_THREAD: usize = 4;
+
+/// The kernel pool for `threads` threads (`None`: one per available core); no pool for
+/// one thread, where kernels run on the stream thread.
+pub fn thread_pool(threads: Option<usize>) -> Result<Option<ThreadPool>, String> {
+    let n = threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    if n == 1 {
+        return Ok(None);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("strata-cpu-kernel-{i}"))
+        .build()
+        .map(Some)
+        .map_err(|e| format!("cannot start {n} kernel threads: {e}"))
+}
+
+/// Threads a launch may use.
+pub fn threads(pool: Option<&ThreadPool>) -> usize {
+    pool.map_or(1, ThreadPool::current_num_threads)
+}
+
+/// Work of one task when `total` units are split over the pool: `usize::MAX` (one task)
+/// when the whole is too small to repay the split, otherwise enough tasks to balance the
+/// pool, none tiny.
+pub fn task_work(pool: Option<&ThreadPool>, total: usize) -> usize {
+    let threads = threads(pool);
+    if threads == 1 || total < MIN_PARALLEL_WORK {
+        return usize::MAX;
+    }
+    (total / (threads * TASKS_PER_THREAD)).max(MIN_TASK_WORK)
+}
+
+/// Items per task for `n` items of `work` units each (see [`task_work`]).
+pub fn items_per_task(pool: Option<&ThreadPool>, n: usize, work: usize) -> usize {
+    let work = work.max(1);
+    let per_task = task_work(pool, n.saturating_mul(work));
+    (per_task / work).clamp(1, n.max(1))
+}
+
+/// Runs `f(i)` for every `i < n`: on the pool when there is one and `n > 1`, else here.
+pub fn for_each(pool: Option<&ThreadPool>, n: usize, f: impl Fn(usize) + Send + Sync) {
+    match pool {
+        Some(p) if n > 1 => p.install(|| (0..n).into_par_iter().with_max_len(1).for_each(f)),
+        _ => (0..n).for_each(f),
+    }
+}
+
+/// Runs `f(i, chunk)` over the `chunk`-element pieces of `data` (the last may be shorter).
+pub fn for_each_chunk<T: Send>(
+    pool: Option<&ThreadPool>,
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Send + Sync,
+) {
+    let chunk = chunk.max(1);
+    match pool {
+        Some(p) if data.len() > chunk => p.install(|| {
+            data.par_chunks_mut(chunk)
+                .with_max_len(1)
+                .enumerate()
+                .for_each(|(i, c)| f(i, c))
+        }),
+        _ => data
+            .chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c)),
+    }
+}
+
+/// [`for_each_chunk`] for a fallible `f`; the first error is returned.
+pub fn try_for_each_chunk<T: Send>(
+    pool: Option<&ThreadPool>,
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> Result<(), String> + Send + Sync,
+) -> Result<(), String> {
+    let chunk = chunk.max(1);
+    match pool {
+        Some(p) if data.len() > chunk => p.install(|| {
+            data.par_chunks_mut(chunk)
+                .with_max_len(1)
+                .enumerate()
+                .try_for_each(|(i, c)| f(i, c))
+        }),
+        _ => data
+            .chunks_mut(chunk)
+            .enumerate()
+            .try_for_each(|(i, c)| f(i, c)),
+    }
+}
+
+/// An output that tasks write in disjoint pieces which are not contiguous chunks (a
+/// column block of a row-major matrix), so it cannot be split with `chunks_mut`.
+pub struct DisjointOut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: DisjointOut only hands out element writes through `write`, whose callers
+// guarantee that no two tasks write the same index; T: Send moves values across threads.
+unsafe impl<T: Send> Send for DisjointOut<'_, T> {}
+// SAFETY: as above; shared references only allow `write`, to disjoint indices.
+unsafe impl<T: Send> Sync for DisjointOut<'_, T> {}
+
+impl<'a, T> DisjointOut<'a, T> {
+    pub fn new(data: &'a mut [T]) -> Self {
+        DisjointOut {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Writes `value` at `index`.
+    ///
+    /// # Safety
+    /// No other task may read or write `index` while the output is shared.
+    #[inline]
+    pub unsafe fn write(&self, index: usize, value: T) {
+        assert!(
+            index < self.len,
+            "DisjointOut index {index} >= {}",
+            self.len
+        );
+        // SAFETY: in bounds (asserted); exclusive per the caller's contract; the slice
+        // this was made from stays borrowed for 'a.
+        unsafe { self.ptr.add(index).write(value) }
+    }
+}
