@@ -40,6 +40,8 @@ mod simd_avx2_float;
 mod simd_avx2_kquants;
 #[cfg(target_arch = "x86_64")]
 mod simd_avx2_legacy;
+#[cfg(target_arch = "aarch64")]
+mod simd_neon;
 
 pub use format::QuantType;
 pub use matmul::{matmul, matvec};
@@ -125,6 +127,9 @@ pub enum SimdLevel {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
+    /// aarch64 NEON (baseline there). Only one SIMD family exists per
+    /// architecture, so the order between `Avx2` and `Neon` means nothing.
+    Neon,
 }
 
 /// The best [`SimdLevel`] this CPU runs.
@@ -138,7 +143,11 @@ pub fn detected_simd() -> SimdLevel {
             return SimdLevel::Avx2;
         }
     }
-    SimdLevel::Scalar
+    if cfg!(target_arch = "aarch64") {
+        SimdLevel::Neon
+    } else {
+        SimdLevel::Scalar
+    }
 }
 
 /// The fastest kernels for `ty` on this CPU, or `None` if the format is not implemented.
@@ -156,8 +165,35 @@ pub fn kernels_at(ty: QuantType, level: SimdLevel) -> Option<&'static FormatKern
     {
         return Some(k);
     }
+    #[cfg(target_arch = "aarch64")]
+    if level >= SimdLevel::Neon
+        && let Some(k) = neon_kernels(ty)
+    {
+        return Some(k);
+    }
     let _ = level;
     scalar_kernels(ty)
+}
+
+/// NEON kernels (baseline on aarch64; compiled and tested under qemu-aarch64).
+#[cfg(target_arch = "aarch64")]
+fn neon_kernels(ty: QuantType) -> Option<&'static FormatKernels> {
+    use QuantType::*;
+    Some(match ty {
+        F32 => &simd_neon::F32,
+        BF16 => &simd_neon::BF16,
+        Q4_0 => &simd_neon::Q4_0,
+        Q4_1 => &simd_neon::Q4_1,
+        Q5_0 => &simd_neon::Q5_0,
+        Q5_1 => &simd_neon::Q5_1,
+        Q8_0 => &simd_neon::Q8_0,
+        Q2_K => &simd_neon::Q2_K,
+        Q3_K => &simd_neon::Q3_K,
+        Q4_K => &simd_neon::Q4_K,
+        Q5_K => &simd_neon::Q5_K,
+        Q6_K => &simd_neon::Q6_K,
+        _ => return None,
+    })
 }
 
 /// AVX2 kernels (the caller has checked the CPU runs AVX2 + FMA + F16C).
