@@ -1,12 +1,15 @@
 //! The transformer ops of crates/core/kernels.txt on the CPU backend, each launched
 //! through the Device API (sanitizer on, 1 to 3 kernel threads) and checked against a
 //! straightforward f64 reference of its documented meaning; matrix products against the
-//! quant crate's dequantisation. Error cases must come back as driver errors.
+//! quant crate's dequantisation, and against llama.cpp's ggml (golden files). Error
+//! cases must come back as driver errors.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "model_ops/attention.rs"]
 mod attention;
+#[path = "model_ops/golden.rs"]
+mod golden;
 #[path = "model_ops/matmul.rs"]
 mod matmul;
 #[path = "model_ops/rope.rs"]
