@@ -19,7 +19,7 @@ use crate::kquants::{
     Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, dequant_q2_k, dequant_q3_k,
     dequant_q4_k, dequant_q5_k, dequant_q6_k, finish, scale_min_k4,
 };
-use crate::simd_avx2_legacy::{f16_at, hsum_i32, load32};
+use crate::simd_avx2_legacy::{f16x2_at, hsum_i32, load32};
 use crate::{ActFormat, FormatKernels, QuantType};
 
 /// The 16 bsums of a Q8_K block as i16 lanes.
@@ -96,12 +96,8 @@ unsafe fn block_q2_k(x: *const u8, y: *const u8) -> f32 {
             }
         }
         let dy = f32_at_ptr(y);
-        finish(
-            dy * f16_at(x.add(80)),
-            hsum_i32(acc),
-            dy * f16_at(x.add(82)),
-            msum,
-        )
+        let (d, dmin) = f16x2_at(x.add(80));
+        finish(dy * d, hsum_i32(acc), dy * dmin, msum)
     }
 }
 
@@ -151,7 +147,8 @@ unsafe fn block_q3_k(x: *const u8, y: *const u8) -> f32 {
             }
         }
         let isum = hsum_i32(acc) - 4 * bias;
-        finish(f16_at(x.add(108)) * f32_at_ptr(y), isum, 0.0, 0)
+        // d is the block's last 2 bytes: read the word ending there.
+        finish(f16x2_at(x.add(106)).1 * f32_at_ptr(y), isum, 0.0, 0)
     }
 }
 
@@ -192,7 +189,8 @@ unsafe fn block_q4_k(x: *const u8, y: *const u8) -> f32 {
             acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
         }
         let dy = f32_at_ptr(y);
-        finish(f16_at(x) * dy, hsum_i32(acc), f16_at(x.add(2)) * dy, msum)
+        let (d, dmin) = f16x2_at(x);
+        finish(d * dy, hsum_i32(acc), dmin * dy, msum)
     }
 }
 
@@ -216,7 +214,8 @@ unsafe fn block_q5_k(x: *const u8, y: *const u8) -> f32 {
             acc = _mm256_add_epi32(acc, scaled_dot(hi, a1, s1));
         }
         let dy = f32_at_ptr(y);
-        finish(f16_at(x) * dy, hsum_i32(acc), f16_at(x.add(2)) * dy, msum)
+        let (d, dmin) = f16x2_at(x);
+        finish(d * dy, hsum_i32(acc), dmin * dy, msum)
     }
 }
 
@@ -249,7 +248,8 @@ unsafe fn block_q6_k(x: *const u8, y: *const u8) -> f32 {
             }
         }
         let isum = hsum_i32(acc) - 32 * bias;
-        finish(f16_at(x.add(208)) * f32_at_ptr(y), isum, 0.0, 0)
+        // d is the block's last 2 bytes: read the word ending there.
+        finish(f16x2_at(x.add(206)).1 * f32_at_ptr(y), isum, 0.0, 0)
     }
 }
 
