@@ -16,6 +16,8 @@ struct Cli {
 enum Command {
     /// List the backends compiled in and the devices they find, with memory.
     Devices(commands::devices::Args),
+    /// What a GGUF file holds, and how many experts would fit in VRAM.
+    Info(commands::info::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -29,6 +31,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => commands::devices::run(args),
+        Command::Info(args) => commands::info::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,3 +1,4 @@
 //! One module per `strata` subcommand.
 
 pub mod devices;
+pub mod info;
