@@ -35,6 +35,8 @@ pub mod matmul;
 mod mxfp4;
 
 #[cfg(target_arch = "x86_64")]
+mod simd_avx2_activation;
+#[cfg(target_arch = "x86_64")]
 mod simd_avx2_float;
 #[cfg(target_arch = "x86_64")]
 mod simd_avx2_kquants;
@@ -280,8 +282,24 @@ pub fn quantize_activation_into(
     x: &[f32],
     out: &mut [u8],
 ) -> Result<(), QuantError> {
+    quantize_activation_into_at(detected_simd(), act, x, out)
+}
+
+/// [`quantize_activation_into`] using at most `level` (clamped to this CPU);
+/// every level gives the same bytes.
+pub fn quantize_activation_into_at(
+    level: SimdLevel,
+    act: ActFormat,
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<(), QuantError> {
     let nb = check_blocks("activation row", x.len(), act.block_size())?;
     check_len("activation buffer", nb * act.type_size(), out.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if level >= SimdLevel::Avx2 && simd_avx2_activation::quantize_row(act, x, out) {
+        return Ok(());
+    }
+    let _ = level;
     match act {
         ActFormat::F32 => activation::quantize_row_f32(x, out),
         ActFormat::F16 => activation::quantize_row_f16(x, out),

@@ -103,3 +103,32 @@ fn legacy_dot_handles_extreme_quants() {
     assert_eq!((scalar.vec_dot)(128, &row, &act), want);
     assert_eq!((simd.vec_dot)(128, &row, &act), want);
 }
+
+#[test]
+fn activation_quantisation_is_the_same_at_every_level() {
+    use strata_quant::{ActFormat, quantize_activation_into_at};
+    let mut rng = Rng::new(9);
+    for act in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K] {
+        for trial in 0..30 {
+            let n = 256 * (1 + trial % 5);
+            let mut x = random_activation(&mut rng, n);
+            // Exact ties (d = 1 when the block max is 127), a signed-max tie
+            // (+m and −m in one 256-block), and a lone negative maximum.
+            x[64] = 127.0;
+            x[65] = 2.5;
+            x[66] = -0.5;
+            x[67] = -3.5;
+            x[128] = -1000.0;
+            if trial % 2 == 0 {
+                x[100] = 1000.0;
+            }
+            let bytes = act.row_bytes(n).expect("whole blocks");
+            let mut a = vec![0u8; bytes];
+            let mut b = vec![1u8; bytes];
+            quantize_activation_into_at(SimdLevel::Scalar, act, &x, &mut a).expect("scalar");
+            quantize_activation_into_at(detected_simd(), act, &x, &mut b).expect("simd");
+            let first = a.iter().zip(&b).position(|(p, q)| p != q);
+            assert_eq!(first, None, "{act:?} n={n}: first differing byte");
+        }
+    }
+}
