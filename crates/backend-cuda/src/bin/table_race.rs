@@ -49,7 +49,29 @@ enum RawArm {
 }
 
 /// One raw run: returns how many of `launches` readers saw a stale table.
-fn raw_run(be: &CudaBackend, launches: u32, load: Option<&Load>, arm: RawArm) -> Result<u32> {
+/// Which readers saw a stale table.
+struct Stale {
+    count: u32,
+    /// Stale readers with an even index (launch number).
+    even: u32,
+    /// The first few stale launch numbers.
+    first: Vec<u32>,
+}
+
+impl Stale {
+    fn from_flags(flags: &[u32]) -> Self {
+        let idx: Vec<u32> = (0..flags.len() as u32)
+            .filter(|&i| flags[i as usize] != 0)
+            .collect();
+        Stale {
+            count: idx.len() as u32,
+            even: idx.iter().filter(|&&i| i % 2 == 0).count() as u32,
+            first: idx.iter().copied().take(8).collect(),
+        }
+    }
+}
+
+fn raw_run(be: &CudaBackend, launches: u32, load: Option<&Load>, arm: RawArm) -> Result<Stale> {
     let reader = be.create_stream()?;
     let bulk = be.create_stream()?;
     let table = be.alloc(TABLE_LEN * 4)?;
@@ -74,7 +96,7 @@ fn raw_loop(
     launches: u32,
     load: Option<&Load>,
     arm: RawArm,
-) -> Result<u32> {
+) -> Result<Stale> {
     // Initial state, fully landed before the experiment starts.
     be.copy_h2d_unordered(flags, 0, &vec![0u8; launches as usize * 4], site())?;
     be.copy_h2d_unordered(
@@ -136,7 +158,7 @@ fn raw_loop(
     let stale = copied.map(|()| {
         // SAFETY: the copy completed; `out` holds `launches` u32 values.
         let seen = unsafe { std::slice::from_raw_parts(out.ptr.cast::<u32>(), launches as usize) };
-        seen.iter().filter(|&&f| f != 0).count() as u32
+        Stale::from_flags(seen)
     });
     // SAFETY: idle after the synchronisation.
     unsafe { be.free_pinned(out) };
@@ -145,7 +167,7 @@ fn raw_loop(
 
 /// Arm C under load: the same loop through the Device API, with the 256 MiB pinned
 /// upload queued on a third stream before each table upload.
-fn device_run_loaded(dev: &Device, launches: u32) -> Result<u32> {
+fn device_run_loaded(dev: &Device, launches: u32) -> Result<Stale> {
     let (copy, reader, bulk) = (
         dev.create_stream()?,
         dev.create_stream()?,
@@ -173,22 +195,31 @@ fn device_run_loaded(dev: &Device, launches: u32) -> Result<u32> {
     }
     let seen = dev.download(&flags, reader)?.wait()?;
     dev.synchronize()?;
-    Ok(seen.iter().filter(|&&f| f != 0).count() as u32)
+    Ok(Stale::from_flags(&seen))
 }
 
 struct Row {
     arm: &'static str,
     what: &'static str,
     run: u32,
-    stale: u32,
+    stale: Stale,
     launches: u32,
     ms: f64,
 }
 
-fn timed(f: impl FnOnce() -> Result<u32>) -> Result<(u32, f64)> {
+fn timed(f: impl FnOnce() -> Result<Stale>) -> Result<(Stale, f64)> {
     let t = Instant::now();
     let stale = f()?;
     Ok((stale, t.elapsed().as_secs_f64() * 1e3))
+}
+
+/// A count-only result (core's experiment reports no indices).
+fn count_only(count: u32) -> Stale {
+    Stale {
+        count,
+        even: 0,
+        first: Vec::new(),
+    }
 }
 
 fn run() -> Result<bool> {
@@ -267,8 +298,9 @@ fn run() -> Result<bool> {
 
     let dev = strata_backend_cuda::device(0)?;
     for run in 1..=2 {
-        let (stale, ms) =
-            timed(|| strata_core::conformance::table_experiment(&dev, IDLE_LAUNCHES, false))?;
+        let (stale, ms) = timed(|| {
+            strata_core::conformance::table_experiment(&dev, IDLE_LAUNCHES, false).map(count_only)
+        })?;
         rows.push(Row {
             arm: "C",
             what: "Device API upload + launch, idle GPU",
@@ -289,8 +321,9 @@ fn run() -> Result<bool> {
             ms,
         });
     }
-    let (stale, ms) =
-        timed(|| strata_core::conformance::table_experiment(&dev, LOADED_LAUNCHES, true))?;
+    let (stale, ms) = timed(|| {
+        strata_core::conformance::table_experiment(&dev, LOADED_LAUNCHES, true).map(count_only)
+    })?;
     rows.push(Row {
         arm: "C",
         what: "Device API, core's conformance load (4 MiB)",
@@ -311,11 +344,24 @@ fn run() -> Result<bool> {
             r.arm,
             r.what,
             r.run,
-            format!("{} of {}", r.stale, r.launches),
+            format!("{} of {}", r.stale.count, r.launches),
             r.ms
         );
     }
-    let device_api_clean = rows.iter().filter(|r| r.arm == "C").all(|r| r.stale == 0);
+    println!();
+    for r in rows
+        .iter()
+        .filter(|r| r.stale.count > 0 && !r.stale.first.is_empty())
+    {
+        println!(
+            "arm {} run {}: stale readers at even launch numbers: {} of {}; first stale: {:?}",
+            r.arm, r.run, r.stale.even, r.stale.count, r.stale.first
+        );
+    }
+    let device_api_clean = rows
+        .iter()
+        .filter(|r| r.arm == "C")
+        .all(|r| r.stale.count == 0);
     println!();
     println!(
         "Device API: {}",
