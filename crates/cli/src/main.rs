@@ -16,8 +16,18 @@ struct Cli {
 enum Command {
     /// List the backends compiled in and the devices they find, with memory.
     Devices(commands::devices::Args),
+    /// Answer one prompt (chat template applied unless --raw).
+    Run(commands::run::Args),
+    /// An interactive, multi-turn conversation.
+    Chat(commands::chat::Args),
+    /// Prefill and decode speed (tokens/s).
+    Bench(commands::bench::Args),
     /// What a GGUF file holds, and how many experts would fit in VRAM.
     Info(commands::info::Args),
+    /// Token ids of a text (as llama-tokenize --ids prints them).
+    Tokenize(commands::tokenize::Args),
+    /// Render a conversation through the model's chat template.
+    Template(commands::template::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,7 +41,12 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices(args) => commands::devices::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
+        Command::Bench(args) => commands::bench::run(args),
         Command::Info(args) => commands::info::run(args),
+        Command::Tokenize(args) => commands::tokenize::run(args),
+        Command::Template(args) => commands::template::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

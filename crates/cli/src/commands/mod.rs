@@ -1,4 +1,10 @@
 //! One module per `strata` subcommand.
 
+pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod devices;
 pub mod info;
+pub mod run;
+pub mod template;
+pub mod tokenize;

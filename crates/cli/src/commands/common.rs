@@ -1,0 +1,184 @@
+//! What every model-running command shares: the model file, the backend, the context.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use strata_core::{Device, KernelId};
+use strata_gguf::GgufFile;
+use strata_model::Model;
+use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// The GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// cpu or cuda (default: the best backend that runs every kernel of the model).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// GPU ordinal for GPU backends.
+    #[arg(long, default_value_t = 0)]
+    pub gpu: usize,
+    /// Context length in tokens (default: the model's, capped at 4096).
+    #[arg(long = "ctx", short = 'c')]
+    pub ctx: Option<u32>,
+    /// Most tokens fed per forward pass.
+    #[arg(long = "batch", short = 'b', default_value_t = 512)]
+    pub batch: u32,
+}
+
+pub struct Loaded {
+    pub dev: Device,
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub n_ctx: u32,
+}
+
+fn cpu_device() -> anyhow::Result<Device> {
+    Ok(strata_backend_cpu::device(
+        strata_backend_cpu::CpuOptions::from_env(),
+    )?)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(ordinal: usize) -> anyhow::Result<Device> {
+    Ok(strata_backend_cuda::device(ordinal)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_ordinal: usize) -> anyhow::Result<Device> {
+    bail!("this strata was built without CUDA (rebuild with --features cuda)")
+}
+
+/// Whether `dev` has every kernel a forward pass launches.
+fn runs_models(dev: &Device) -> bool {
+    KernelId::ALL
+        .iter()
+        .filter(|k| k.module() == "model")
+        .all(|k| dev.supports(*k))
+}
+
+pub fn device(backend: Option<&str>, gpu: usize) -> anyhow::Result<Device> {
+    match backend {
+        Some("cpu") => cpu_device(),
+        Some("cuda") => {
+            let dev = cuda_device(gpu)?;
+            if !runs_models(&dev) {
+                bail!("the CUDA backend does not have the model kernels yet; use --backend cpu");
+            }
+            Ok(dev)
+        }
+        Some(other) => bail!("unknown backend `{other}` (cpu, cuda)"),
+        None => {
+            if let Ok(dev) = cuda_device(gpu)
+                && runs_models(&dev)
+            {
+                return Ok(dev);
+            }
+            cpu_device()
+        }
+    }
+}
+
+pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    let gguf = Arc::new(
+        GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
+    );
+    let tokenizer = Tokenizer::from_spec(&TokenizerSpec::from_gguf(&gguf)?)
+        .context("building the tokenizer")?;
+    let dev = device(args.backend.as_deref(), args.gpu)?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let stream = dev.main_stream();
+    let model = Model::load(&dev, stream, gguf, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    let n_ctx = args.ctx.unwrap_or(model.hp.n_ctx_train.min(4096)).max(1);
+    tracing::info!(
+        "{}: {} layers, {} embedding, {} vocab on {} ({})",
+        model.hp.arch,
+        model.hp.n_layer,
+        model.hp.n_embd,
+        model.hp.n_vocab,
+        dev.info().name,
+        dev.info().backend.name()
+    );
+    Ok(Loaded {
+        dev,
+        model: Arc::new(model),
+        tokenizer,
+        n_ctx,
+    })
+}
+
+/// Sampling flags shared by run, chat and serve defaults.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> strata_engine::SamplingParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        strata_engine::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            penalty_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        }
+    }
+}
+
+/// The prompt tokens of a chat: the model's template rendered with a generation prompt,
+/// tokenized with control tokens recognised (and one BOS, not two).
+pub fn chat_tokens(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result<Vec<u32>> {
+    let text = render_chat(tok, messages)?;
+    let mut ids = tok.encode(&text, true, true)?;
+    if let Some(bos) = tok.special().bos
+        && ids.len() >= 2
+        && ids[0] == bos
+        && ids[1] == bos
+    {
+        ids.remove(0);
+    }
+    Ok(ids)
+}
+
+// TEMPORARY until the chat-template module lands: refuse clearly.
+fn render_chat(_tok: &Tokenizer, _messages: &[(&str, &str)]) -> anyhow::Result<String> {
+    bail!("chat templates are not available yet; use --raw")
+}

@@ -1,0 +1,90 @@
+//! `strata run`: answer one prompt. Only the generated text goes to stdout; logs, progress
+//! and timings go to stderr, so the output can be piped and compared.
+
+use std::io::{IsTerminal, Write};
+
+use anyhow::Context as _;
+use strata_engine::{Context, GenerateParams, generate};
+
+use super::common::{self, ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt.
+    #[arg(short = 'p', long, conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(short = 'f', long)]
+    pub file: Option<std::path::PathBuf>,
+    /// Plain completion: no chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System message (chat mode).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let prompt = match (&args.prompt, &args.file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
+        }
+        (None, None) => anyhow::bail!("give a prompt with -p TEXT or -f FILE"),
+    };
+    let loaded = common::load(&args.model)?;
+    let tokens = if args.raw {
+        loaded.tokenizer.encode(&prompt, true, false)?
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(("system", s.as_str()));
+        }
+        messages.push(("user", prompt.as_str()));
+        common::chat_tokens(&loaded.tokenizer, &messages)?
+    };
+    let mut ctx = Context::new(
+        loaded.model.clone(),
+        loaded.dev.clone(),
+        loaded.n_ctx,
+        args.model.batch,
+    )?;
+    let params = GenerateParams {
+        max_tokens: args.n_predict,
+        stop: args.stop.clone(),
+        sampling: args.sampling.params(),
+        ignore_eos: args.ignore_eos,
+        show_special: false,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let g = generate(&mut ctx, &loaded.tokenizer, &tokens, &params, |text| {
+        stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok()
+    })?;
+    if stdout.is_terminal() {
+        let _ = writeln!(stdout);
+    }
+    eprintln!(
+        "strata: prompt {} tokens in {:.2} s ({:.1} tokens/s); generated {} tokens in {:.2} s ({:.1} tokens/s); stop: {:?}",
+        g.prompt_tokens,
+        g.prefill_seconds,
+        g.prompt_tokens as f64 / g.prefill_seconds.max(1e-9),
+        g.tokens.len(),
+        g.decode_seconds,
+        g.decode_tokens_per_s(),
+        g.stop
+    );
+    Ok(())
+}

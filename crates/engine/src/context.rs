@@ -1,0 +1,108 @@
+//! A conversation's state on one device: its K/V cache, the tokens it holds, and the
+//! scratch of the forward pass. `eval` feeds tokens in batches and returns logits.
+
+use std::sync::Arc;
+
+use strata_core::{Device, Stream};
+use strata_model::{KvCache, LogitRows, Model, Scratch};
+
+use crate::error::{EngineError, Result};
+
+pub struct Context {
+    pub model: Arc<Model>,
+    pub dev: Device,
+    pub stream: Stream,
+    kv: KvCache,
+    scratch: Scratch,
+    /// Every token whose K/V is in the cache, in order.
+    tokens: Vec<u32>,
+}
+
+impl Context {
+    /// A context of `n_ctx` positions that feeds at most `n_batch` tokens per forward pass.
+    pub fn new(model: Arc<Model>, dev: Device, n_ctx: u32, n_batch: u32) -> Result<Self> {
+        let stream = dev.create_stream()?;
+        let kv = KvCache::new(&dev, &model, n_ctx)?;
+        let scratch = Scratch::new(&dev, &model, n_batch.clamp(1, n_ctx.max(1)))?;
+        tracing::debug!(
+            "context: {n_ctx} positions, K/V {:.1} MiB",
+            kv.bytes() as f64 / (1 << 20) as f64
+        );
+        Ok(Context {
+            model,
+            dev,
+            stream,
+            kv,
+            scratch,
+            tokens: Vec::new(),
+        })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx as usize
+    }
+
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forgets every position from `n` on (their K/V is overwritten by later tokens).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+    }
+
+    /// Feeds `tokens` after those already held and returns the logits of the last one.
+    pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut all = self.eval_rows(tokens, LogitRows::Last)?;
+        let vocab = self.model.hp.n_vocab as usize;
+        let last = all.split_off(all.len().saturating_sub(vocab));
+        Ok(last)
+    }
+
+    /// Feeds `tokens` and returns the logits of every one of them, row after row.
+    pub fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.eval_rows(tokens, LogitRows::All)
+    }
+
+    fn eval_rows(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let needed = self.tokens.len() + tokens.len();
+        if needed > self.n_ctx() {
+            return Err(EngineError::PromptTooLong {
+                prompt: needed,
+                ctx: self.n_ctx(),
+            });
+        }
+        let vocab = self.model.hp.n_vocab as usize;
+        let mut out = Vec::new();
+        let batch = self.scratch.n_max as usize;
+        for chunk in tokens.chunks(batch) {
+            let pos0 = self.tokens.len() as u32;
+            self.model.forward(
+                &self.dev,
+                self.stream,
+                &self.scratch,
+                &self.kv,
+                chunk,
+                pos0,
+                rows,
+            )?;
+            self.tokens.extend_from_slice(chunk);
+            let n_rows = match rows {
+                LogitRows::All => chunk.len(),
+                LogitRows::Last => 1,
+            };
+            let is_last = self.tokens.len() == needed;
+            if rows == LogitRows::All || is_last {
+                let logits = self
+                    .dev
+                    .download_range(&self.scratch.logits, 0, n_rows * vocab, self.stream)?
+                    .wait()?;
+                out.extend_from_slice(&logits);
+            }
+        }
+        Ok(out)
+    }
+}

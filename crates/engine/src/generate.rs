@@ -1,0 +1,192 @@
+//! Generation: feed the prompt, then sample token by token until an end-of-generation
+//! token, a stop string, the token budget or the context's end.
+
+use std::time::Instant;
+
+use strata_model::tokenizer::Tokenizer;
+
+use crate::context::Context;
+use crate::error::{EngineError, Result};
+use crate::sampler::{Sampler, SamplingParams};
+
+#[derive(Clone, Debug)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub sampling: SamplingParams,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+    /// Render control tokens in the output text.
+    pub show_special: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_tokens: 256,
+            stop: Vec::new(),
+            sampling: SamplingParams::default(),
+            ignore_eos: false,
+            show_special: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// An end-of-generation token.
+    Eog,
+    /// One of the stop strings (not included in the text).
+    StopString(String),
+    /// `max_tokens` reached.
+    Length,
+    /// The context is full.
+    ContextFull,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub stop: StopReason,
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+impl Generation {
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        if self.decode_seconds > 0.0 {
+            self.tokens.len().saturating_sub(1) as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Text that is safe to show: everything except a tail that could still grow into a stop
+/// string. Returns (text to emit now, stop string found).
+fn split_stop(text: &str, emitted: usize, stops: &[String]) -> (usize, Option<(usize, String)>) {
+    let mut first: Option<(usize, String)> = None;
+    for s in stops.iter().filter(|s| !s.is_empty()) {
+        if let Some(i) = text.find(s.as_str())
+            && first.as_ref().is_none_or(|(j, _)| i < *j)
+        {
+            first = Some((i, s.clone()));
+        }
+    }
+    if let Some((i, s)) = first {
+        return (i.max(emitted), Some((i, s)));
+    }
+    // Hold back the longest suffix that is a prefix of some stop string.
+    let mut hold = 0;
+    for s in stops {
+        for k in (1..s.len()).rev() {
+            if k <= text.len() && text.is_char_boundary(text.len() - k) && s.starts_with(&text[text.len() - k..]) {
+                hold = hold.max(k);
+                break;
+            }
+        }
+    }
+    ((text.len() - hold).max(emitted), None)
+}
+
+/// Feeds `new_tokens` to `ctx` and generates. `on_text` receives the text as it becomes
+/// final; returning `false` cancels.
+pub fn generate(
+    ctx: &mut Context,
+    tokenizer: &Tokenizer,
+    new_tokens: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation> {
+    let mut sampler = Sampler::new(params.sampling.clone())?;
+    if new_tokens.is_empty() && ctx.tokens().is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    let total = ctx.tokens().len() + new_tokens.len();
+    if total >= ctx.n_ctx() {
+        return Err(EngineError::PromptTooLong {
+            prompt: total,
+            ctx: ctx.n_ctx(),
+        });
+    }
+    let t0 = Instant::now();
+    let mut logits = if new_tokens.is_empty() {
+        // Regenerate from the last held token: drop it and feed it again.
+        let last = ctx.tokens().len() - 1;
+        let tok = ctx.tokens()[last];
+        ctx.truncate(last);
+        ctx.eval(&[tok])?
+    } else {
+        ctx.eval(new_tokens)?
+    };
+    let prefill_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut decoder = tokenizer.stream_decoder(params.show_special);
+    let mut history: Vec<u32> = ctx.tokens().to_vec();
+    let mut out_tokens = Vec::new();
+    let mut text = String::new();
+    let mut emitted = 0usize;
+    let stop = loop {
+        if out_tokens.len() >= params.max_tokens {
+            break StopReason::Length;
+        }
+        let tok = sampler.sample(&logits, &history);
+        if tokenizer.is_eog(tok) && !params.ignore_eos {
+            break StopReason::Eog;
+        }
+        out_tokens.push(tok);
+        history.push(tok);
+        text.push_str(&decoder.push(tok));
+        let (safe, found) = split_stop(&text, emitted, &params.stop);
+        if safe > emitted {
+            if !on_text(&text[emitted..safe]) {
+                emitted = safe;
+                break StopReason::Cancelled;
+            }
+            emitted = safe;
+        }
+        if let Some((at, s)) = found {
+            text.truncate(at);
+            break StopReason::StopString(s);
+        }
+        if ctx.tokens().len() + 1 >= ctx.n_ctx() {
+            break StopReason::ContextFull;
+        }
+        if out_tokens.len() >= params.max_tokens {
+            break StopReason::Length;
+        }
+        logits = ctx.eval(&[tok])?;
+    };
+    if !matches!(stop, StopReason::StopString(_) | StopReason::Cancelled) {
+        text.push_str(&decoder.finish());
+        if text.len() > emitted {
+            on_text(&text[emitted..]);
+        }
+    }
+    Ok(Generation {
+        text,
+        tokens: out_tokens,
+        stop,
+        prompt_tokens: new_tokens.len(),
+        prefill_seconds,
+        decode_seconds: t1.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_stop;
+
+    #[test]
+    fn stop_strings_hold_back_possible_prefixes() {
+        let stops = vec!["</end>".to_string()];
+        assert_eq!(split_stop("hello </e", 0, &stops), (6, None));
+        assert_eq!(split_stop("hello </end> more", 0, &stops), (6, Some((6, "</end>".into()))));
+        assert_eq!(split_stop("plain", 0, &stops), (5, None));
+        assert_eq!(split_stop("abc", 0, &[]), (3, None));
+    }
+}

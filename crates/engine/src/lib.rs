@@ -1,0 +1,12 @@
+//! The engine: contexts (K/V and batches), sampling and generation. Later: the expert
+//! cache, the CPU pool, elastic K/V, the verifier and sessions.
+
+pub mod context;
+pub mod error;
+pub mod generate;
+pub mod sampler;
+
+pub use context::Context;
+pub use error::{EngineError, Result};
+pub use generate::{GenerateParams, Generation, StopReason, generate};
+pub use sampler::{Sampler, SamplingParams};
