@@ -23,19 +23,32 @@ fn weights(ty: QuantType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Seconds per call of `f`, over about half a second after a warm-up.
+/// This process's CPU time (user + system) in seconds, from /proc (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime, in 1/100 s) are the 12th and 13th after the name.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / 100.0
+}
+
+/// Seconds per call of `f` (wall clock), over about a second after a warm-up; prints
+/// the CPU seconds per call too, which a loaded machine inflates less.
 fn time(dev: &Device, mut f: impl FnMut()) -> f64 {
     f();
     dev.synchronize().ok();
-    let start = Instant::now();
+    let (start, cpu0) = (Instant::now(), cpu_seconds());
     let mut n = 0u32;
-    while start.elapsed().as_secs_f64() < 0.5 {
+    while start.elapsed().as_secs_f64() < 1.0 {
         for _ in 0..10 {
             f();
         }
         n += 10;
         dev.synchronize().ok();
     }
+    let cpu = (cpu_seconds() - cpu0) / f64::from(n);
+    print!("[cpu {:>8.1} us/call] ", cpu * 1e6);
     start.elapsed().as_secs_f64() / f64::from(n)
 }
 

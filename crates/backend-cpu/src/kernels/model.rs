@@ -6,19 +6,20 @@
 //! - `elementwise`: add, add_rows, swiglu, sigmoid_gate_add;
 //! - `norm`: rms_norm; `embed`: embed_rows; `rope`: rope (YaRN included);
 //! - `matmul`: mul_mat and mul_mat_experts over strata-quant's dot products;
-//! - `attention`: kv_store and causal GQA attention over the f16 cache (`f16`: its SIMD);
+//! - `attention`: kv_store and causal GQA attention over the f16 cache (`simd`: its
+//!   inner loops);
 //! - `moe`: router_topk and moe_combine.
 
 mod attention;
 mod check;
 mod elementwise;
 mod embed;
-mod f16;
 mod matmul;
 mod moe;
 mod norm;
 mod par;
 mod rope;
+mod simd;
 
 pub use attention::{attention, kv_store};
 pub use elementwise::{add, add_rows, sigmoid_gate_add, swiglu};
