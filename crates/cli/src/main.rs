@@ -28,6 +28,8 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Render a conversation through the model's chat template.
     Template(commands::template::Args),
+    /// Write a random-weight GGUF model of a given architecture, shape and format.
+    Synth(commands::synth::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -47,6 +49,7 @@ fn main() -> std::process::ExitCode {
         Command::Info(args) => commands::info::run(args),
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Template(args) => commands::template::run(args),
+        Command::Synth(args) => commands::synth::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,5 +6,6 @@ pub mod common;
 pub mod devices;
 pub mod info;
 pub mod run;
+pub mod synth;
 pub mod template;
 pub mod tokenize;

@@ -154,6 +154,22 @@ impl SynthSpec {
         if self.hidden == 0 || self.heads == 0 || self.kv_heads == 0 {
             return bad("hidden, heads and kv_heads must be positive".into());
         }
+        if !blocks::is_supported(self.quant) {
+            let names: Vec<&str> = blocks::SUPPORTED_TYPES.iter().map(|t| t.name()).collect();
+            return bad(format!(
+                "quant {} is not supported; use one of {}",
+                self.quant,
+                names.join(", ")
+            ));
+        }
+        let block = self.quant.block_size() as u32;
+        if !self.hidden.is_multiple_of(block) {
+            return bad(format!(
+                "hidden ({}) must be a multiple of {}'s block size {block}: every matrix \
+                 reading the hidden state has rows of hidden values",
+                self.hidden, self.quant
+            ));
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "heads ({}) must be a multiple of kv_heads ({})",
@@ -221,22 +237,6 @@ impl SynthSpec {
         if self.tie_embeddings && !self.arch.free_head_dim() {
             return bad(format!(
                 "{arch} requires output.weight; tie_embeddings is not allowed"
-            ));
-        }
-        if !blocks::is_supported(self.quant) {
-            let names: Vec<&str> = blocks::SUPPORTED_TYPES.iter().map(|t| t.name()).collect();
-            return bad(format!(
-                "quant {} is not supported; use one of {}",
-                self.quant,
-                names.join(", ")
-            ));
-        }
-        let block = self.quant.block_size() as u32;
-        if !self.hidden.is_multiple_of(block) {
-            return bad(format!(
-                "hidden ({}) must be a multiple of {}'s block size {block}: every matrix \
-                 reading the hidden state has rows of hidden values",
-                self.hidden, self.quant
             ));
         }
         if self.context_length == 0 {
