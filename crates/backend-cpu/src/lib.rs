@@ -24,7 +24,7 @@ pub struct CpuOptions {
     /// Seed of the delay generator.
     pub seed: u64,
     /// Threads the heavy kernels (mul_mat, attention, ...) are split over; `None` means
-    /// one per available core (`std::thread::available_parallelism`).
+    /// one per physical core this process may run on.
     pub threads: Option<usize>,
 }
 
@@ -41,10 +41,14 @@ impl Default for CpuOptions {
 }
 
 impl CpuOptions {
-    /// Defaults, with `sanitize` on when `STRATA_SANITIZE=1`.
+    /// Defaults, with `sanitize` on when `STRATA_SANITIZE=1` and the kernel threads from
+    /// `STRATA_CPU_THREADS` when it holds a number.
     pub fn from_env() -> Self {
         CpuOptions {
             sanitize: std::env::var("STRATA_SANITIZE").is_ok_and(|v| v == "1"),
+            threads: std::env::var("STRATA_CPU_THREADS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             ..Default::default()
         }
     }

@@ -15,7 +15,7 @@ mod matmul;
 #[path = "model_ops/rope.rs"]
 mod rope;
 
-use strata_backend_cpu::{CpuOptions, device};
+pub use strata_backend_cpu::{CpuOptions, device};
 use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg};
 
 /// Thread counts every op is run with: none, an even and an odd split.

@@ -12,12 +12,36 @@ const MIN_TASK_WORK: usize = 16 * 1024;
 /// Tasks per thread, so that uneven tasks (experts, causal spans) still balance.
 const TASKS_PER_THREAD: usize = 4;
 
-/// The kernel pool for `threads` threads (`None`: one per available core); no pool for
-/// one thread, where kernels run on the stream thread.
+/// Physical cores this process may use: distinct (package, core) pairs of
+/// /proc/cpuinfo, at most the CPUs it may run on; those CPUs where that is unknown.
+/// Matrix-vector work is bound by memory and FMA units, which SMT siblings share.
+pub fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let physical = std::fs::read_to_string("/proc/cpuinfo").ok().map(|info| {
+        let mut cores = std::collections::BTreeSet::new();
+        let mut package = "";
+        for line in info.lines() {
+            let mut kv = line.splitn(2, ':').map(str::trim);
+            match (kv.next(), kv.next()) {
+                (Some("physical id"), Some(v)) => package = v,
+                (Some("core id"), Some(v)) => {
+                    cores.insert((package.to_string(), v.to_string()));
+                }
+                _ => {}
+            }
+        }
+        cores.len()
+    });
+    match physical {
+        Some(p) if p > 0 => p.min(logical),
+        _ => logical,
+    }
+}
+
+/// The kernel pool for `threads` threads (`None`: [`default_threads`]); no pool for one
+/// thread, where kernels run on the stream thread.
 pub fn thread_pool(threads: Option<usize>) -> Result<Option<ThreadPool>, String> {
-    let n = threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+    let n = threads.unwrap_or_else(default_threads).max(1);
     if n == 1 {
         return Ok(None);
     }
