@@ -170,6 +170,9 @@ fn main() -> strata_core::Result<()> {
                 bench_mul_mat(&dev, ty, 2048, 2048, 1)?;
             }
         }
+        // SmolLM2-135M's decode shapes (Q4_1): attention projections and the FFN.
+        bench_mul_mat(&dev, QuantType::Q4_1, 576, 576, 1)?;
+        bench_mul_mat(&dev, QuantType::Q4_1, 1536, 576, 1)?;
         bench_mul_mat(&dev, QuantType::Q4_K, 2048, 2048, 64)?;
         bench_mul_mat(&dev, QuantType::Q8_0, 2048, 2048, 64)?;
         bench_attention(&dev, 1024, 1)?;

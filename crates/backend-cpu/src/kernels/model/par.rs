@@ -1,9 +1,16 @@
 //! How the model ops split work over the device's persistent thread pool. A launch is
 //! split only when it has enough work to repay waking the pool (a few microseconds);
 //! small ops (decode-time norms, adds) run on the stream thread itself.
+//!
+//! The stream thread works too: a pool for N threads has N - 1 workers, and the caller
+//! and the workers take task indices from one shared counter, so a launch never waits
+//! for a sleeping worker before making progress (on a loaded machine the caller may end
+//! up doing most of the work itself, which is then no slower than one thread).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::ThreadPool;
-use rayon::prelude::*;
 
 /// Work units (about one multiply-add each) below which a launch stays on one thread.
 const MIN_PARALLEL_WORK: usize = 32 * 1024;
@@ -38,24 +45,24 @@ pub fn default_threads() -> usize {
     }
 }
 
-/// The kernel pool for `threads` threads (`None`: [`default_threads`]); no pool for one
-/// thread, where kernels run on the stream thread.
+/// The kernel pool for `threads` threads (`None`: [`default_threads`]), counting the
+/// stream thread that launches: `threads - 1` workers; no pool for one thread.
 pub fn thread_pool(threads: Option<usize>) -> Result<Option<ThreadPool>, String> {
     let n = threads.unwrap_or_else(default_threads).max(1);
     if n == 1 {
         return Ok(None);
     }
     rayon::ThreadPoolBuilder::new()
-        .num_threads(n)
+        .num_threads(n - 1)
         .thread_name(|i| format!("strata-cpu-kernel-{i}"))
         .build()
         .map(Some)
         .map_err(|e| format!("cannot start {n} kernel threads: {e}"))
 }
 
-/// Threads a launch may use.
+/// Threads a launch may use: the pool's workers and the calling thread.
 pub fn threads(pool: Option<&ThreadPool>) -> usize {
-    pool.map_or(1, ThreadPool::current_num_threads)
+    pool.map_or(1, |p| p.current_num_threads() + 1)
 }
 
 /// Work of one task when `total` units are split over the pool: `usize::MAX` (one task)
@@ -76,11 +83,72 @@ pub fn items_per_task(pool: Option<&ThreadPool>, n: usize, work: usize) -> usize
     (per_task / work).clamp(1, n.max(1))
 }
 
-/// Runs `f(i)` for every `i < n`: on the pool when there is one and `n > 1`, else here.
+/// Runs `work(i)` for every `i < n` on the calling thread and the pool's workers, which
+/// take indices from a shared counter until none are left.
+fn run_shared(pool: &ThreadPool, n: usize, work: &(dyn Fn(usize) + Sync)) {
+    let next = AtomicUsize::new(0);
+    let drain = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n {
+                break;
+            }
+            work(i);
+        }
+    };
+    let helpers = pool.current_num_threads().min(n.saturating_sub(1));
+    pool.in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| drain());
+        }
+        drain();
+    });
+}
+
+/// Runs `f(i)` for every `i < n`: shared with the pool when there is one and `n > 1`.
 pub fn for_each(pool: Option<&ThreadPool>, n: usize, f: impl Fn(usize) + Send + Sync) {
     match pool {
-        Some(p) if n > 1 => p.install(|| (0..n).into_par_iter().with_max_len(1).for_each(f)),
+        Some(p) if n > 1 => run_shared(p, n, &f),
         _ => (0..n).for_each(f),
+    }
+}
+
+/// `data` in `chunk`-element pieces that tasks borrow mutably by index.
+struct Chunks<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    chunk: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: pieces are handed out by index, each index once (see `get`); T: Send.
+unsafe impl<T: Send> Sync for Chunks<'_, T> {}
+
+impl<'a, T> Chunks<'a, T> {
+    fn new(data: &'a mut [T], chunk: usize) -> Self {
+        Chunks {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            chunk,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.len.div_ceil(self.chunk)
+    }
+
+    /// Piece `i`.
+    ///
+    /// # Safety
+    /// Each `i` may be taken once while the pieces are shared.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, i: usize) -> &mut [T] {
+        let start = (i * self.chunk).min(self.len);
+        let end = (start + self.chunk).min(self.len);
+        // SAFETY: start..end lies inside the borrowed slice; pieces do not overlap and
+        // each is handed out once (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
     }
 }
 
@@ -93,12 +161,11 @@ pub fn for_each_chunk<T: Send>(
 ) {
     let chunk = chunk.max(1);
     match pool {
-        Some(p) if data.len() > chunk => p.install(|| {
-            data.par_chunks_mut(chunk)
-                .with_max_len(1)
-                .enumerate()
-                .for_each(|(i, c)| f(i, c))
-        }),
+        Some(p) if data.len() > chunk => {
+            let pieces = Chunks::new(data, chunk);
+            // SAFETY: run_shared hands out each index once.
+            run_shared(p, pieces.count(), &|i| f(i, unsafe { pieces.get(i) }));
+        }
         _ => data
             .chunks_mut(chunk)
             .enumerate()
@@ -115,12 +182,23 @@ pub fn try_for_each_chunk<T: Send>(
 ) -> Result<(), String> {
     let chunk = chunk.max(1);
     match pool {
-        Some(p) if data.len() > chunk => p.install(|| {
-            data.par_chunks_mut(chunk)
-                .with_max_len(1)
-                .enumerate()
-                .try_for_each(|(i, c)| f(i, c))
-        }),
+        Some(p) if data.len() > chunk => {
+            let pieces = Chunks::new(data, chunk);
+            let first_error = Mutex::new(None);
+            run_shared(p, pieces.count(), &|i| {
+                // SAFETY: run_shared hands out each index once.
+                if let Err(e) = f(i, unsafe { pieces.get(i) }) {
+                    first_error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(e);
+                }
+            });
+            first_error
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .map_or(Ok(()), Err)
+        }
         _ => data
             .chunks_mut(chunk)
             .enumerate()
