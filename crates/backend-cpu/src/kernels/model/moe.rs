@@ -68,8 +68,8 @@ pub fn router_topk(a: &KernelArgs<'_>) -> Result<(), String> {
     if k == 0 {
         return Ok(());
     }
-    let mut p = Vec::with_capacity(n_expert);
-    let mut order = Vec::with_capacity(n_expert);
+    // Grown on use: n_expert is only bounded by the logits once a row exists.
+    let (mut p, mut order) = (Vec::new(), Vec::new());
     for ((row, id), w) in logits
         .chunks_exact(n_expert)
         .zip(ids.chunks_exact_mut(k))
