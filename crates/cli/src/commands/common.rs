@@ -7,6 +7,7 @@ use anyhow::{Context as _, bail};
 use strata_core::{Device, KernelId};
 use strata_gguf::GgufFile;
 use strata_model::Model;
+use strata_model::chat::{ChatInputs, ChatTemplate};
 use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -14,7 +15,7 @@ pub struct ModelArgs {
     /// The GGUF model file.
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
-    /// cpu or cuda (default: the best backend that runs every kernel of the model).
+    /// cpu, cuda or hip (default: the best backend that runs every kernel of the model).
     #[arg(long)]
     pub backend: Option<String>,
     /// GPU ordinal for GPU backends.
@@ -51,6 +52,16 @@ fn cuda_device(_ordinal: usize) -> anyhow::Result<Device> {
     bail!("this strata was built without CUDA (rebuild with --features cuda)")
 }
 
+#[cfg(feature = "hip")]
+fn hip_device(ordinal: usize) -> anyhow::Result<Device> {
+    Ok(strata_backend_hip::device(ordinal)?)
+}
+
+#[cfg(not(feature = "hip"))]
+fn hip_device(_ordinal: usize) -> anyhow::Result<Device> {
+    bail!("this strata was built without HIP (rebuild with --features hip)")
+}
+
 /// Whether `dev` has every kernel a forward pass launches.
 fn runs_models(dev: &Device) -> bool {
     KernelId::ALL
@@ -69,9 +80,21 @@ pub fn device(backend: Option<&str>, gpu: usize) -> anyhow::Result<Device> {
             }
             Ok(dev)
         }
-        Some(other) => bail!("unknown backend `{other}` (cpu, cuda)"),
+        Some("hip") => {
+            let dev = hip_device(gpu)?;
+            if !runs_models(&dev) {
+                bail!("the HIP backend does not have the model kernels yet; use --backend cpu");
+            }
+            Ok(dev)
+        }
+        Some(other) => bail!("unknown backend `{other}` (cpu, cuda, hip)"),
         None => {
             if let Ok(dev) = cuda_device(gpu)
+                && runs_models(&dev)
+            {
+                return Ok(dev);
+            }
+            if let Ok(dev) = hip_device(gpu)
                 && runs_models(&dev)
             {
                 return Ok(dev);
@@ -167,6 +190,7 @@ impl SamplingArgs {
 /// tokenized with control tokens recognised (and one BOS, not two).
 pub fn chat_tokens(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result<Vec<u32>> {
     let text = render_chat(tok, messages)?;
+    tracing::debug!("chat prompt: {text:?}");
     let mut ids = tok.encode(&text, true, true)?;
     if let Some(bos) = tok.special().bos
         && ids.len() >= 2
@@ -178,7 +202,24 @@ pub fn chat_tokens(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result
     Ok(ids)
 }
 
-// TEMPORARY until the chat-template module lands: refuse clearly.
-fn render_chat(_tok: &Tokenizer, _messages: &[(&str, &str)]) -> anyhow::Result<String> {
-    bail!("chat templates are not available yet; use --raw")
+/// The conversation rendered by the model's `tokenizer.chat_template` with a generation
+/// prompt, BOS/EOS texts from the vocabulary.
+pub fn render_chat(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result<String> {
+    let Some(source) = tok.chat_template() else {
+        bail!("the model has no chat template (tokenizer.chat_template); use --raw");
+    };
+    let list: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
+        .collect();
+    let mut inputs = ChatInputs::from_json(&serde_json::Value::from(list).to_string(), None)?;
+    inputs.add_generation_prompt = true;
+    let text_of = |id: Option<u32>| {
+        id.and_then(|i| tok.token_text(i))
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default()
+    };
+    inputs.bos_token = text_of(tok.special().bos);
+    inputs.eos_token = text_of(tok.special().eos);
+    Ok(ChatTemplate::new(source)?.render(&inputs)?)
 }

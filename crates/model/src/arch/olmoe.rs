@@ -9,6 +9,9 @@ use crate::hparams::{self, HParams, QkNorm, RopeMode};
 pub fn hparams(g: &GgufFile) -> Result<HParams> {
     let mut h = hparams::common(g, RopeMode::Neox)?;
     h.qk_norm = QkNorm::Full;
-    h.moe = Some(hparams::moe(g, &h, false)?);
+    let mut moe = hparams::moe(g, &h, false)?;
+    // OLMoE's experts are feed_forward_length wide, as llama.cpp sizes them.
+    moe.n_ff_exp = h.n_ff;
+    h.moe = Some(moe);
     Ok(h)
 }
