@@ -79,6 +79,68 @@ POOL = (
 )
 
 
+# One name per pre-tokenizer definition strata supports (crates/model/src/tokenizer/
+# pre_table.rs); each is checked on the gpt-2 vocabulary with its `pre` replaced.
+PRE_NAMES = [
+    "default", "minicpm5", "llama3", "deepseek-llm", "deepseek-coder", "deepseek-v3", "spark2_5",
+    "youtu", "falcon", "mpt", "starcoder", "gpt-2", "trillion", "jais-2", "smollm", "qwen2",
+    "stablelm2", "qwen35", "dbrx", "poro-chat", "bloom", "chatglm-bpe", "glm4", "viking", "tekken",
+    "exaone-moe", "chameleon", "gpt-4o", "granite-embed-multi-97m", "bailingmoe", "seed-coder",
+    "ufakzeka", "laguna",
+]
+
+# Extra texts for the regexes that look at letter case, marks and digit runs.
+PRE_TEXTS = [
+    "HelloWORLD camelCase snake_case XMLHttpRequest iPhone McDonald's O'Neil",
+    "ΑΒΓαβγ ЖжЯя ÀÉÎõü ǅǈ ᾈᾉ",  # upper, lower and title case letters
+    "नमस्ते दुनिया क्षत्रिय ক্ষ తెలుగు",  # combining marks
+    "1234567 12 123 1234 12,345.678 ١٢٣٤ ５６７",
+    "I'M HE'S WE'LL THEY'D YOU'VE it'S 'tis",
+    "<sentinel:12> IMGIMGABCDZ IMGIMGABZ tab\tnl\n   four    spaces",
+    "漢字かなカナ한글 mixed漢字text",
+    "a" + " " * 600 + "b" + "\n" * 3 + "   \t  \r\n  x",
+]
+
+
+def write_with_pre(src: Path, pre: str, dest: Path) -> None:
+    """A copy of the vocabulary-only GGUF `src` with tokenizer.ggml.pre set to `pre`."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dest), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        sub = field.types[1] if len(field.types) > 1 else None
+        writer.add_key_value(key, value, field.types[0], sub)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def generate_pre(tool: str, name: str, texts: list[str]) -> None:
+    src = VOCABS / "ggml-vocab-gpt-2.gguf"
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / f"gpt-2-pre-{name}.gguf"
+        write_with_pre(src, name, model)
+        cases = [
+            {"text": t, "add_special": False, "parse_special": False, "ids": tokenize(tool, model, t, True)}
+            for t in texts
+        ]
+    dest = OUT / f"pre-{name}.json"
+    header = {
+        "source": "llama.cpp llama-tokenize --ids --no-escape --no-bos --no-parse-special",
+        "vocab": f"tests/fixtures/vocab/ggml-vocab-gpt-2.gguf with tokenizer.ggml.pre = {name}",
+        "pre": name,
+        "cases": cases,
+    }
+    dest.write_text(json.dumps(header, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"{dest.relative_to(REPO)}: {len(cases)} cases", file=sys.stderr)
+
+
 def random_texts(seed: int, count: int) -> list[str]:
     rng = random.Random(seed)
     return ["".join(rng.choice(POOL) for _ in range(rng.randint(1, 40))) for _ in range(count)]
@@ -99,6 +161,35 @@ def tokenize(tool: str, model: Path, text: str, raw: bool) -> list[int]:
     return json.loads(line)
 
 
+def pieces(tool: str, model: Path, text: str) -> dict[str, str]:
+    """Token id -> piece (hex of its bytes) as llama-tokenize prints them
+    (common_token_to_piece with special tokens shown), for every token of `text`."""
+    ids = tokenize(tool, model, text, raw=False)
+    with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
+        f.write(text.encode("utf-8"))
+        path = f.name
+    try:
+        cmd = [tool, "-m", str(model), "-f", path, "--no-escape", "--log-disable"]
+        out = subprocess.run(cmd, capture_output=True, check=True).stdout
+    finally:
+        os.unlink(path)
+    # The output is, for each id in order, b"%6d -> '" + piece + b"'\n"; pieces may hold
+    # newlines, so cut at the next token's prefix rather than at line ends.
+    result = {}
+    pos = 0
+    for i, tid in enumerate(ids):
+        prefix = f"{tid:6d} -> '".encode()
+        assert out.startswith(prefix, pos), (tid, out[pos : pos + 40])
+        start = pos + len(prefix)
+        if i + 1 < len(ids):
+            end = out.index(b"'\n" + f"{ids[i + 1]:6d} -> '".encode(), start)
+        else:
+            end = out.rindex(b"'\n")
+        result[str(tid)] = out[start:end].hex()
+        pos = end + 2
+    return result
+
+
 def generate(tool: str, model: Path, name: str, texts: list[str]) -> None:
     cases = []
     for text in texts:
@@ -116,6 +207,8 @@ def generate(tool: str, model: Path, name: str, texts: list[str]) -> None:
         "source": "llama.cpp llama-tokenize --ids --no-escape (raw: --no-bos --no-parse-special)",
         "vocab": str(model.relative_to(REPO)) if model.is_relative_to(REPO) else model.name,
         "cases": cases,
+        "pieces_source": "llama-tokenize without --ids (common_token_to_piece, special tokens shown), hex",
+        "pieces": pieces(tool, model, "\n".join(texts)),
     }
     dest.write_text(json.dumps(header, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"{dest.relative_to(REPO)}: {len(cases)} cases", file=sys.stderr)
@@ -126,7 +219,7 @@ def main() -> None:
     ap.add_argument("--llama-tokenize", default="/work/oracle/llama.cpp/build/bin/llama-tokenize")
     default_model = Path(os.environ.get("STRATA_MODEL_DIR", Path.home() / ".cache/strata/models"))
     ap.add_argument("--smollm2", default=str(default_model / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--only", help="regenerate only this golden name")
+    ap.add_argument("--only", help="regenerate only the goldens whose name starts with this")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
 
@@ -135,9 +228,13 @@ def main() -> None:
         name = vocab.name.removeprefix("ggml-vocab-").removesuffix(".gguf")
         jobs.append((f"vocab-{name}", vocab, CURATED + random_texts(100 + i, 40)))
     for name, model, texts in jobs:
-        if args.only and args.only != name:
+        if args.only and not name.startswith(args.only):
             continue
         generate(args.llama_tokenize, model, name, texts)
+    for i, pre in enumerate(PRE_NAMES):
+        if args.only and not f"pre-{pre}".startswith(args.only):
+            continue
+        generate_pre(args.llama_tokenize, pre, CURATED + PRE_TEXTS + random_texts(500 + i, 20))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 //! merge rank first (leftmost on ties), as llama.cpp's `llm_tokenizer_bpe_session`.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::fxhash::FxHashMap;
 
 use super::error::TokenizerError;
 use super::pre_table::PreDef;
@@ -20,12 +22,16 @@ pub(crate) struct BpeModel {
     pretokenizer: PreTokenizer,
     byte_level: ByteLevel,
     /// (left, right) → (rank, merged symbol).
-    merges: HashMap<(SymId, SymId), (u32, SymId)>,
-    /// Merge pieces that are not tokens, with ids from the vocabulary size up.
-    extra_symbols: HashMap<Box<[u8]>, SymId>,
+    merges: FxHashMap<(SymId, SymId), (u32, SymId)>,
     n_vocab: u32,
     ignore_merges: bool,
+    /// The symbol of each byte's character.
+    byte_symbol: [Option<SymId>; 256],
 }
+
+/// Words longer than this are not cached (they rarely repeat).
+const MAX_CACHED_WORD: usize = 64;
+const MAX_CACHE_ENTRIES: usize = 1 << 16;
 
 #[derive(Clone, Copy)]
 struct Symbol {
@@ -43,7 +49,7 @@ impl BpeModel {
         pre: &PreDef,
     ) -> Result<Self, TokenizerError> {
         let n_vocab = vocab.n_tokens() as u32;
-        let mut extra_symbols: HashMap<Box<[u8]>, SymId> = HashMap::new();
+        let mut extra_symbols: FxHashMap<Box<[u8]>, SymId> = FxHashMap::default();
         let mut intern = |text: &[u8]| -> SymId {
             if let Some(id) = vocab.id_of(text) {
                 return id;
@@ -51,7 +57,7 @@ impl BpeModel {
             let next = n_vocab + extra_symbols.len() as u32;
             *extra_symbols.entry(text.into()).or_insert(next)
         };
-        let mut table = HashMap::with_capacity(merges.len());
+        let mut table = FxHashMap::with_capacity_and_hasher(merges.len(), Default::default());
         for (rank, m) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte.
             let m = m.as_bytes();
@@ -65,20 +71,23 @@ impl BpeModel {
             // The first rank of a repeated pair wins, as with llama.cpp's emplace.
             table.entry((l, r)).or_insert((rank as u32, merged));
         }
+        let byte_level = ByteLevel::new();
+        let mut byte_symbol = [None; 256];
+        for (b, slot) in byte_symbol.iter_mut().enumerate() {
+            let mut s = String::new();
+            byte_level.encode_into(&[b as u8], &mut s);
+            *slot = vocab
+                .id_of(s.as_bytes())
+                .or_else(|| extra_symbols.get(s.as_bytes()).copied());
+        }
         Ok(Self {
             pretokenizer: PreTokenizer::new(pre.regexes)?,
-            byte_level: ByteLevel::new(),
+            byte_level,
             merges: table,
-            extra_symbols,
             n_vocab,
             ignore_merges: pre.ignore_merges,
+            byte_symbol,
         })
-    }
-
-    fn symbol_of(&self, vocab: &Vocab, text: &[u8]) -> Option<SymId> {
-        vocab
-            .id_of(text)
-            .or_else(|| self.extra_symbols.get(text).copied())
     }
 
     /// Appends the tokens of `text` (a raw-text fragment) to `out`.
@@ -88,17 +97,29 @@ impl BpeModel {
         text: &str,
         out: &mut Vec<TokenId>,
     ) -> Result<(), TokenizerError> {
+        // Words repeat: a word's tokens are computed once per call.
+        let mut cache: FxHashMap<&str, (usize, usize)> = FxHashMap::default();
         let mut word = String::new();
         for range in self.pretokenizer.split(text)? {
+            let raw = &text[range];
+            if let Some(&(start, len)) = cache.get(raw) {
+                out.extend_from_within(start..start + len);
+                continue;
+            }
+            let start = out.len();
             word.clear();
-            self.byte_level
-                .encode_into(text[range].as_bytes(), &mut word);
-            self.encode_word(vocab, &word, out);
+            self.byte_level.encode_into(raw.as_bytes(), &mut word);
+            self.encode_word(vocab, raw.as_bytes(), &word, out);
+            if raw.len() <= MAX_CACHED_WORD && cache.len() < MAX_CACHE_ENTRIES {
+                cache.insert(raw, (start, out.len() - start));
+            }
         }
         Ok(())
     }
 
-    fn encode_word(&self, vocab: &Vocab, word: &str, out: &mut Vec<TokenId>) {
+    /// `raw` is the word's text, `word` the same after the byte-to-character
+    /// mapping: each raw byte is one character, so one initial symbol.
+    fn encode_word(&self, vocab: &Vocab, raw: &[u8], word: &str, out: &mut Vec<TokenId>) {
         if word.is_empty() {
             return;
         }
@@ -109,16 +130,18 @@ impl BpeModel {
             return;
         }
         let bytes = word.as_bytes();
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
-        for (i, (start, c)) in word.char_indices().enumerate() {
-            let end = start + c.len_utf8();
+        let mut symbols: Vec<Symbol> = Vec::with_capacity(raw.len());
+        let mut start = 0;
+        for (i, &b) in raw.iter().enumerate() {
+            let end = start + self.byte_level.encoded_len(b);
             symbols.push(Symbol {
                 start,
                 end,
-                id: self.symbol_of(vocab, &bytes[start..end]),
+                id: self.byte_symbol[b as usize],
                 prev: i.checked_sub(1),
                 next: None,
             });
+            start = end;
         }
         let n = symbols.len();
         for (i, s) in symbols.iter_mut().enumerate() {

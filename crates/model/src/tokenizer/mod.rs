@@ -5,6 +5,7 @@
 mod bpe;
 mod decode;
 mod error;
+mod fxhash;
 mod pre_table;
 mod pretokenize;
 mod spec;
@@ -28,7 +29,7 @@ const SUPPORTED_MODELS: &str = "gpt2 (byte-level BPE), llama (SentencePiece)";
 
 enum Model {
     Bpe(Box<BpeModel>),
-    Spm,
+    Spm(spm::SpmModel),
 }
 
 /// A tokenizer for one vocabulary. Cheap to share: every method takes `&self`.
@@ -84,7 +85,7 @@ impl Tokenizer {
         let vocab = Vocab::build(spec, kind, pre.is_some_and(|p| p.no_default_bos))?;
         let model = match pre {
             Some(pre) => Model::Bpe(Box::new(BpeModel::new(&vocab, &spec.merges, &pre)?)),
-            None => Model::Spm,
+            None => Model::Spm(spm::SpmModel::new(&vocab)),
         };
         let add_bos = spec.add_bos.unwrap_or(add_bos_default);
         let add_eos = spec.add_eos.unwrap_or(false);
@@ -149,7 +150,7 @@ impl Tokenizer {
                     }
                 }
             }
-            Model::Spm => {
+            Model::Spm(spm) => {
                 // A space is put before the text at the start and after every special token.
                 let mut prev_special = true;
                 let mut buf = String::new();
@@ -162,7 +163,7 @@ impl Tokenizer {
                             }
                             buf.push_str(&text[r.clone()]);
                             let escaped = buf.replace(' ', "\u{2581}");
-                            spm::encode(&self.vocab, &escaped, &mut out);
+                            spm.encode(&self.vocab, &escaped, &mut out);
                             prev_special = false;
                         }
                         Fragment::Token(id) => {
@@ -182,7 +183,7 @@ impl Tokenizer {
     pub fn kind(&self) -> VocabKind {
         match self.model {
             Model::Bpe(_) => VocabKind::Bpe,
-            Model::Spm => VocabKind::Spm,
+            Model::Spm(_) => VocabKind::Spm,
         }
     }
 
@@ -226,5 +227,54 @@ impl Tokenizer {
     /// `tokenizer.chat_template`, if the file has one.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_spec(model: &str, pre: Option<&str>) -> TokenizerSpec {
+        TokenizerSpec {
+            model: model.into(),
+            pre: pre.map(Into::into),
+            tokens: vec![b"a".to_vec(), b"b".to_vec(), b"ab".to_vec()],
+            merges: vec!["a b".into()],
+            ..TokenizerSpec::default()
+        }
+    }
+
+    #[test]
+    fn unknown_pre_tokenizer_lists_the_supported_ones() {
+        let Err(e) = Tokenizer::from_spec(&tiny_spec("gpt2", Some("no-such-pre"))) else {
+            panic!("accepted an unknown pre-tokenizer")
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("`no-such-pre`"), "{msg}");
+        for name in [
+            "gpt-2",
+            "llama-bpe",
+            "qwen2",
+            "smollm",
+            "deepseek-llm",
+            "falcon",
+        ] {
+            assert!(msg.contains(name), "{name} missing from: {msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_model_is_an_error() {
+        let Err(e) = Tokenizer::from_spec(&tiny_spec("t5", None)) else {
+            panic!("accepted t5")
+        };
+        assert!(e.to_string().contains("`t5`"));
+    }
+
+    #[test]
+    fn merges_apply_by_rank() {
+        let tok = Tokenizer::from_spec(&tiny_spec("gpt2", Some("gpt-2"))).unwrap();
+        assert_eq!(tok.encode("abab", false, false).unwrap(), vec![2, 2]);
+        assert_eq!(tok.encode("ba", false, false).unwrap(), vec![1, 0]);
     }
 }

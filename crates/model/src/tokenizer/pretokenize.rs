@@ -99,6 +99,11 @@ impl ByteLevel {
         }
     }
 
+    /// UTF-8 length of the character that stands for byte `b`.
+    pub(crate) fn encoded_len(&self, b: u8) -> usize {
+        self.to_char[b as usize].len_utf8()
+    }
+
     pub(crate) fn char_to_byte(&self, c: char) -> Option<u8> {
         self.from_char.get(c as usize).copied().flatten()
     }

@@ -3,9 +3,51 @@
 //! first (leftmost on ties); what never becomes a token falls back to byte tokens.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashSet};
 
+use super::fxhash::FxBuildHasher;
 use super::vocab::{TokenId, Vocab};
+
+/// Adjacent character pairs that occur inside some token. Where two neighbouring
+/// characters of the input form no such pair, no merge can ever join them, so
+/// the text is cut there and each piece merged on its own: same tokens, far
+/// smaller merge queues.
+pub(crate) struct SpmModel {
+    pairs: HashSet<(char, char), FxBuildHasher>,
+}
+
+impl SpmModel {
+    pub(crate) fn new(vocab: &Vocab) -> Self {
+        let mut pairs = HashSet::default();
+        for text in &vocab.texts {
+            let s = String::from_utf8_lossy(text);
+            let mut chars = s.chars();
+            if let Some(mut prev) = chars.next() {
+                for c in chars {
+                    pairs.insert((prev, c));
+                    prev = c;
+                }
+            }
+        }
+        Self { pairs }
+    }
+
+    /// Appends the tokens of `text` (spaces already escaped as U+2581) to `out`.
+    pub(crate) fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<TokenId>) {
+        let mut start = 0;
+        let mut prev: Option<char> = None;
+        for (i, c) in text.char_indices() {
+            if let Some(p) = prev
+                && !self.pairs.contains(&(p, c))
+            {
+                encode_piece(vocab, &text[start..i], out);
+                start = i;
+            }
+            prev = Some(c);
+        }
+        encode_piece(vocab, &text[start..], out);
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Symbol {
@@ -42,8 +84,8 @@ impl Ord for Bigram {
     }
 }
 
-/// Appends the tokens of `text` (spaces already escaped as U+2581) to `out`.
-pub(crate) fn encode(vocab: &Vocab, text: &str, out: &mut Vec<TokenId>) {
+/// The merge loop on one piece of text.
+fn encode_piece(vocab: &Vocab, text: &str, out: &mut Vec<TokenId>) {
     let bytes = text.as_bytes();
     let mut symbols: Vec<Symbol> = text
         .char_indices()
@@ -120,4 +162,42 @@ pub(crate) fn byte_token(vocab: &Vocab, b: u8) -> Option<TokenId> {
         .id_of(format!("<0x{b:02X}>").as_bytes())
         .or_else(|| vocab.id_of(&[b]))
         .or(vocab.special.unk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::Tokenizer;
+
+    /// Cutting the text where no token spans two characters must not change a
+    /// single token: compare with the merge loop run on the whole text.
+    #[test]
+    fn cutting_at_impossible_pairs_changes_nothing() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/vocab/ggml-vocab-llama-spm.gguf");
+        let tok = Tokenizer::from_gguf_file(path).unwrap();
+        let super::super::Model::Spm(spm) = &tok.model else {
+            panic!("not SPM")
+        };
+        // A small deterministic generator over a pool with spaces, letters, CJK,
+        // emoji and punctuation (xorshift).
+        let pool: Vec<char> = "▁▁▁▁abcdeeinorsthTHE,.!?'\"0123456789中文字日本😀é\n\t<>|"
+            .chars()
+            .collect();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..300 {
+            let mut text = String::new();
+            for _ in 0..60 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.push(pool[(state % pool.len() as u64) as usize]);
+            }
+            let mut cut = Vec::new();
+            spm.encode(&tok.vocab, &text, &mut cut);
+            let mut whole = Vec::new();
+            encode_piece(&tok.vocab, &text, &mut whole);
+            assert_eq!(cut, whole, "{text:?}");
+        }
+    }
 }

@@ -2,7 +2,9 @@
 //! attributes (end-of-generation and fill-in-the-middle tokens forced to
 //! control, gpt-oss channel tokens shown, Phi-3's right-stripping).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::fxhash::FxHashMap;
 
 use super::error::TokenizerError;
 use super::spec::{SpecialIds, TokenizerSpec, token_type};
@@ -57,7 +59,7 @@ pub(crate) struct Vocab {
     pub texts: Vec<Box<[u8]>>,
     pub scores: Vec<f32>,
     pub attrs: Vec<u32>,
-    pub ids: HashMap<Box<[u8]>, TokenId>,
+    pub ids: FxHashMap<Box<[u8]>, TokenId>,
     pub special: SpecialTokens,
     /// Tokens that end generation.
     pub eog: BTreeSet<TokenId>,
@@ -194,7 +196,7 @@ impl Vocab {
         }
 
         let mut texts = Vec::with_capacity(n);
-        let mut ids = HashMap::with_capacity(n);
+        let mut ids = FxHashMap::with_capacity_and_hasher(n, Default::default());
         for (i, t) in spec.tokens.iter().enumerate() {
             // llama.cpp renames empty tokens so that every text is unique.
             let text: Box<[u8]> = if t.is_empty() {
