@@ -137,7 +137,7 @@ def generate_pre(tool: str, name: str, texts: list[str]) -> None:
         "pre": name,
         "cases": cases,
     }
-    dest.write_text(json.dumps(header, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    dest.write_text(dump(header), encoding="utf-8")
     print(f"{dest.relative_to(REPO)}: {len(cases)} cases", file=sys.stderr)
 
 
@@ -159,6 +159,27 @@ def tokenize(tool: str, model: Path, text: str, raw: bool) -> list[int]:
         os.unlink(path)
     line = [l for l in out.splitlines() if l.startswith("[")][-1]
     return json.loads(line)
+
+
+def dump(header: dict) -> str:
+    """JSON with one case (and one piece) per line: readable diffs, small files."""
+    lines = ["{"]
+    for key, value in header.items():
+        if key == "cases":
+            lines.append(' "cases": [')
+            cases = [json.dumps(c, ensure_ascii=False, separators=(",", ":")) for c in value]
+            lines.append(",\n".join("  " + c for c in cases))
+            lines.append(" ],")
+        elif key == "pieces":
+            lines.append(' "pieces": {')
+            items = [f"  {json.dumps(k)}:{json.dumps(v)}" for k, v in value.items()]
+            lines.append(",\n".join(items))
+            lines.append(" },")
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)},")
+    lines[-1] = lines[-1].rstrip(",")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def pieces(tool: str, model: Path, text: str) -> dict[str, str]:
@@ -210,7 +231,7 @@ def generate(tool: str, model: Path, name: str, texts: list[str]) -> None:
         "pieces_source": "llama-tokenize without --ids (common_token_to_piece, special tokens shown), hex",
         "pieces": pieces(tool, model, "\n".join(texts)),
     }
-    dest.write_text(json.dumps(header, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    dest.write_text(dump(header), encoding="utf-8")
     print(f"{dest.relative_to(REPO)}: {len(cases)} cases", file=sys.stderr)
 
 
@@ -220,8 +241,13 @@ def main() -> None:
     default_model = Path(os.environ.get("STRATA_MODEL_DIR", Path.home() / ".cache/strata/models"))
     ap.add_argument("--smollm2", default=str(default_model / "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--only", help="regenerate only the goldens whose name starts with this")
+    ap.add_argument("--reformat", action="store_true", help="only rewrite the existing goldens in the current layout")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.reformat:
+        for path in sorted(OUT.glob("*.json")):
+            path.write_text(dump(json.loads(path.read_text(encoding="utf-8"))), encoding="utf-8")
+        return
 
     jobs = [("smollm2", Path(args.smollm2), CURATED + random_texts(2024, 120))]
     for i, vocab in enumerate(sorted(VOCABS.glob("ggml-vocab-*.gguf"))):
