@@ -86,6 +86,18 @@ CASES = {
     "multi_gen": {"messages": [SYSTEM, USER1, ASSISTANT1, USER2], "add_generation_prompt": True},
     "nosys_multi_gen": {"messages": [USER1, ASSISTANT1, USER2], "add_generation_prompt": True},
     "unicode_gen": {"messages": [SYSTEM, UNICODE_USER], "add_generation_prompt": True},
+    "parts_gen": {
+        "messages": [SYSTEM, {"role": "user", "content": [{"type": "text", "text": "Describe the weather."}]}],
+        "add_generation_prompt": True,
+    },
+    "reasoning_gen": {
+        "messages": [
+            USER1,
+            {"role": "assistant", "content": "Fine, thanks.", "reasoning_content": "The user greets me."},
+            USER2,
+        ],
+        "add_generation_prompt": True,
+    },
     "tools_gen": {"messages": [TOOL_USER], "tools": TOOLS, "add_generation_prompt": True, "needs_tools": True},
     "tool_call": {
         "messages": [SYSTEM, TOOL_USER, TOOL_CALL, TOOL_RESPONSE, TOOL_ANSWER],
