@@ -51,6 +51,24 @@ fn cuda() {
     println!("cuda: not built (rebuild with --features cuda)");
 }
 
+#[cfg(feature = "hip")]
 fn hip() {
-    println!("hip: not built (the HIP backend is not available yet)");
+    let runtime = strata_backend_hip::runtime_version()
+        .map(|(a, b, c)| format!("HIP runtime {a}.{b}.{c}"))
+        .unwrap_or_default();
+    match strata_backend_hip::devices() {
+        Ok(list) if list.is_empty() => println!("hip: {runtime} found, but no AMD GPU"),
+        Ok(list) => {
+            println!("hip: {} device(s), {runtime}", list.len());
+            for d in &list {
+                print_device(d, None);
+            }
+        }
+        Err(e) => println!("hip: {e}"),
+    }
+}
+
+#[cfg(not(feature = "hip"))]
+fn hip() {
+    println!("hip: not built (rebuild with --features hip)");
 }

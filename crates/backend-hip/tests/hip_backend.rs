@@ -1,0 +1,364 @@
+//! HIP-specific behaviour beyond the conformance suite: the no-runtime / no-driver path,
+//! the kernel cache, argument checking, runtime errors naming their call, graphs with
+//! copies. GPU tests skip (one line each) when there is no AMD GPU.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use strata_backend_hip::{HipBackend, HipOptions, ModuleOrigin};
+use strata_core::{Args, Backend, Device, Error, KernelId, LaunchCfg};
+
+/// GPU tests in this file run one at a time even without `--test-threads=1`.
+static GPU: Mutex<()> = Mutex::new(());
+
+fn gpu_lock() -> std::sync::MutexGuard<'static, ()> {
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Device 0, or `None` (after printing why) when this machine has no usable AMD GPU.
+fn gpu(test: &str) -> Option<Device> {
+    match strata_backend_hip::device(0) {
+        Ok(d) => Some(d),
+        Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
+            eprintln!("{test}: skipped, no AMD GPU here ({e})");
+            None
+        }
+        Err(e) => panic!("a HIP device is present but could not be opened: {e}"),
+    }
+}
+
+#[test]
+fn without_a_runtime_or_driver_devices_is_no_driver_and_nothing_panics() {
+    let listed = std::panic::catch_unwind(strata_backend_hip::devices);
+    let opened = std::panic::catch_unwind(|| strata_backend_hip::device(0).map(|_| ()));
+    let (Ok(listed), Ok(opened)) = (listed, opened) else {
+        panic!("devices() or device(0) panicked");
+    };
+    match &listed {
+        Ok(list) => {
+            // A machine with the runtime and the kernel driver: opening device 0 either
+            // works or says there is none.
+            assert!(Path::new("/dev/kfd").exists());
+            eprintln!("HIP runtime and driver present: {} device(s)", list.len());
+            if list.is_empty() {
+                assert!(
+                    matches!(opened, Err(Error::NoSuchDevice { .. })),
+                    "{opened:?}"
+                );
+            }
+        }
+        Err(Error::NoDriver { backend, reason }) => {
+            assert_eq!(*backend, "hip");
+            // Either the library is missing, or it loaded and the kernel driver is not.
+            assert!(
+                reason.contains("libamdhip64 could not be loaded") || reason.contains("/dev/kfd"),
+                "{reason}"
+            );
+            assert!(matches!(opened, Err(Error::NoDriver { .. })), "{opened:?}");
+            eprintln!("no HIP here, as expected: {reason}");
+        }
+        Err(other) => panic!("expected NoDriver or a device list, got {other}"),
+    }
+    // Without the kernel driver's node there can be no GPU, whatever is installed.
+    if !Path::new("/dev/kfd").exists() {
+        assert!(matches!(listed, Err(Error::NoDriver { .. })), "{listed:?}");
+    }
+}
+
+#[test]
+fn devices_agree_with_the_opened_device() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("devices_agree_with_the_opened_device") else {
+        return;
+    };
+    let list = strata_backend_hip::devices().unwrap();
+    assert!(!list.is_empty());
+    let info = dev.info();
+    assert_eq!(info, &list[0]);
+    assert!(info.arch.starts_with("gfx"), "{}", info.arch);
+    let mem = dev.memory().unwrap();
+    assert!(mem.total == info.total_memory && mem.free <= mem.total && mem.free > 0);
+    eprintln!(
+        "device 0: {} [{}], {} MiB, {} MiB free, runtime {:?}",
+        info.name,
+        info.arch,
+        mem.total >> 20,
+        mem.free >> 20,
+        strata_backend_hip::runtime_version()
+    );
+}
+
+/// (module, text) of every kernels-hip/*.hip, read from the repository.
+fn hip_sources() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-hip");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "hip"))
+        .map(|p| {
+            let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+            (stem, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect()
+}
+
+fn temp_cache(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("strata-hip-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn fill_and_check(dev: &Device, value: u32) {
+    let s = dev.main_stream();
+    let x = dev.alloc::<u32>(1000).unwrap();
+    dev.launch(
+        KernelId::FillU32,
+        &LaunchCfg::linear(1000, 128),
+        &Args::new().write(&x).u32(1000).u32(value),
+        s,
+    )
+    .unwrap();
+    let got = dev.download(&x, s).unwrap().wait().unwrap();
+    assert!(got.iter().all(|&v| v == value));
+}
+
+#[test]
+fn second_start_loads_kernels_from_the_cache() {
+    let _g = gpu_lock();
+    if gpu("second_start_loads_kernels_from_the_cache").is_none() {
+        return;
+    }
+    let dir = temp_cache("cache");
+    let opts = HipOptions {
+        cache_dir: Some(dir.clone()),
+    };
+    let first = HipBackend::new(0, &opts).unwrap();
+    let arch = first.info().arch;
+    let origins: Vec<_> = first.module_origins().to_vec();
+    drop(first);
+    let mut expected: Vec<String> = hip_sources()
+        .into_iter()
+        .filter(|(m, _)| strata_core::KERNEL_MODULES.contains(&m.as_str()))
+        .map(|(m, _)| m)
+        .collect();
+    expected.sort();
+    let mut got: Vec<String> = origins.iter().map(|(m, _)| m.to_string()).collect();
+    got.sort();
+    assert_eq!(got, expected);
+    for (m, o) in &origins {
+        match o {
+            ModuleOrigin::Hiprtc { target } => assert_eq!(target, &arch, "{m}"),
+            ModuleOrigin::Cache(p) => panic!("{m} came from a fresh cache dir: {}", p.display()),
+        }
+    }
+    let second = HipBackend::new(0, &opts).unwrap();
+    for (m, o) in second.module_origins() {
+        match o {
+            ModuleOrigin::Cache(p) => {
+                assert!(
+                    p.starts_with(dir.join(arch.replace(':', "_"))),
+                    "{}",
+                    p.display()
+                );
+                assert!(p.exists());
+            }
+            other => panic!("{m} was not taken from the cache: {other:?}"),
+        }
+    }
+    // The cached kernels work.
+    let dev = Device::new(Box::new(second)).unwrap();
+    fill_and_check(&dev, 77);
+    drop(dev);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_corrupt_cache_file_is_replaced() {
+    let _g = gpu_lock();
+    if gpu("a_corrupt_cache_file_is_replaced").is_none() {
+        return;
+    }
+    let dir = temp_cache("corrupt");
+    let opts = HipOptions {
+        cache_dir: Some(dir.clone()),
+    };
+    drop(HipBackend::new(0, &opts).unwrap());
+    let second = HipBackend::new(0, &opts).unwrap();
+    let paths: Vec<PathBuf> = second
+        .module_origins()
+        .iter()
+        .filter_map(|(_, o)| match o {
+            ModuleOrigin::Cache(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    drop(second);
+    assert!(!paths.is_empty());
+    for p in &paths {
+        std::fs::write(p, b"not a code object").unwrap();
+    }
+    let third = HipBackend::new(0, &opts).unwrap();
+    assert!(
+        third
+            .module_origins()
+            .iter()
+            .all(|(_, o)| matches!(o, ModuleOrigin::Hiprtc { .. })),
+        "{:?}",
+        third.module_origins()
+    );
+    fill_and_check(&Device::new(Box::new(third)).unwrap(), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn wrong_arguments_are_a_bad_launch() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("wrong_arguments_are_a_bad_launch") else {
+        return;
+    };
+    let s = dev.main_stream();
+    let x = dev.alloc::<u32>(64).unwrap();
+    let cfg = LaunchCfg::linear(64, 64);
+    // fill_u32 takes (unsigned int*, unsigned int, unsigned int).
+    let missing = dev.launch(KernelId::FillU32, &cfg, &Args::new().write(&x).u32(64), s);
+    assert!(
+        matches!(
+            missing,
+            Err(Error::BadLaunch {
+                kernel: "fill_u32",
+                ..
+            })
+        ),
+        "{missing:?}"
+    );
+    let wrong_size = dev.launch(
+        KernelId::FillU32,
+        &cfg,
+        &Args::new().write(&x).u64(64).u32(1),
+        s,
+    );
+    assert!(
+        matches!(wrong_size, Err(Error::BadLaunch { .. })),
+        "{wrong_size:?}"
+    );
+    // The device is unharmed.
+    fill_and_check(&dev, 5);
+}
+
+#[test]
+fn a_refused_launch_names_the_runtime_call() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("a_refused_launch_names_the_runtime_call") else {
+        return;
+    };
+    let s = dev.main_stream();
+    let x = dev.alloc::<u32>(64).unwrap();
+    // No AMD GPU runs blocks of more than 1024 threads.
+    let too_big = LaunchCfg {
+        grid: [1, 1, 1],
+        block: [4096, 1, 1],
+        shared_bytes: 0,
+    };
+    let r = dev.launch(
+        KernelId::FillU32,
+        &too_big,
+        &Args::new().write(&x).u32(64).u32(1),
+        s,
+    );
+    match r {
+        Err(Error::Driver { backend, call, .. }) => {
+            assert_eq!((backend, call), ("hip", "hipModuleLaunchKernel"))
+        }
+        other => panic!("expected an error from hipModuleLaunchKernel, got {other:?}"),
+    }
+    fill_and_check(&dev, 8);
+}
+
+#[test]
+fn graphs_replay_device_copies_and_offsets() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("graphs_replay_device_copies_and_offsets") else {
+        return;
+    };
+    let (up, s) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let n = 4096;
+    let src = dev.alloc::<u32>(n).unwrap();
+    let mid = dev.alloc::<u32>(n).unwrap();
+    let out = dev.alloc::<u32>(n).unwrap();
+    let mut graph = dev
+        .capture(s, |d| {
+            d.copy_range(&mid, 0, &src, 0, n, s)?;
+            // Second half of `mid` into the second half of `out`, +3, through offsets.
+            d.launch(
+                KernelId::AddU32,
+                &LaunchCfg::linear(n / 2, 256),
+                &Args::new()
+                    .read_at(&mid, n / 2)
+                    .write_at(&out, n / 2)
+                    .u32((n / 2) as u32)
+                    .u32(3),
+                s,
+            )
+        })
+        .unwrap();
+    for i in 0..8u32 {
+        dev.upload(&out, &vec![0; n], up).unwrap();
+        dev.upload(&src, &vec![i * 10; n], up).unwrap();
+        dev.replay(&mut graph, s).unwrap();
+        let got = dev.download(&out, up).unwrap().wait().unwrap();
+        assert!(
+            got[..n / 2].iter().all(|&v| v == 0),
+            "replay {i}: first half"
+        );
+        assert!(
+            got[n / 2..].iter().all(|&v| v == i * 10 + 3),
+            "replay {i}: second half"
+        );
+    }
+    dev.synchronize().unwrap();
+}
+
+#[test]
+fn the_unordered_upload_lands_once_the_device_is_synchronised() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("the_unordered_upload_lands_once_the_device_is_synchronised") else {
+        return;
+    };
+    let t = dev.alloc::<i32>(24 * 1024).unwrap();
+    dev.upload_unordered(&t, &vec![-9; 24 * 1024]).unwrap();
+    dev.synchronize().unwrap();
+    let got = dev.download(&t, dev.main_stream()).unwrap().wait().unwrap();
+    assert!(got.iter().all(|&v| v == -9));
+}
+
+#[test]
+fn supports_exactly_the_kernels_kernels_hip_defines() {
+    let _g = gpu_lock();
+    let Some(dev) = gpu("supports_exactly_the_kernels_kernels_hip_defines") else {
+        return;
+    };
+    let sources = hip_sources();
+    for id in KernelId::ALL {
+        let decl = format!("extern \"C\" __global__ void {}(", id.name());
+        let defined = sources
+            .iter()
+            .any(|(m, src)| m == id.module() && src.contains(&decl));
+        assert_eq!(dev.supports(id), defined, "{}", id.name());
+        if !defined {
+            let x = dev.alloc::<u32>(1).unwrap();
+            let r = dev.launch(
+                id,
+                &LaunchCfg::linear(1, 1),
+                &Args::new().write(&x),
+                dev.main_stream(),
+            );
+            assert!(
+                matches!(r, Err(Error::Unsupported { .. })),
+                "{}: {r:?}",
+                id.name()
+            );
+        }
+    }
+}
