@@ -10,9 +10,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let gguf = Arc::new(strata_gguf::GgufFile::open(&args[1])?);
     let steps: usize = args[2].parse()?;
-    let ids: Vec<u32> = args[3..].iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
+    let ids: Vec<u32> = args[3..]
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<_, _>>()?;
     let dev = strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env())?;
-    let model = Arc::new(strata_model::Model::load(&dev, dev.main_stream(), gguf, |_, _| {})?);
+    let model = Arc::new(strata_model::Model::load(
+        &dev,
+        dev.main_stream(),
+        gguf,
+        |_, _| {},
+    )?);
     let mut ctx = strata_engine::Context::new(model, dev, 512, 512)?;
     let mut logits = ctx.eval(&ids)?;
     for i in 0..steps {

@@ -84,7 +84,10 @@ fn split_stop(text: &str, emitted: usize, stops: &[String]) -> (usize, Option<(u
     let mut hold = 0;
     for s in stops {
         for k in (1..s.len()).rev() {
-            if k <= text.len() && text.is_char_boundary(text.len() - k) && s.starts_with(&text[text.len() - k..]) {
+            if k <= text.len()
+                && text.is_char_boundary(text.len() - k)
+                && s.starts_with(&text[text.len() - k..])
+            {
                 hold = hold.max(k);
                 break;
             }
@@ -185,7 +188,10 @@ mod tests {
     fn stop_strings_hold_back_possible_prefixes() {
         let stops = vec!["</end>".to_string()];
         assert_eq!(split_stop("hello </e", 0, &stops), (6, None));
-        assert_eq!(split_stop("hello </end> more", 0, &stops), (6, Some((6, "</end>".into()))));
+        assert_eq!(
+            split_stop("hello </end> more", 0, &stops),
+            (6, Some((6, "</end>".into())))
+        );
         assert_eq!(split_stop("plain", 0, &stops), (5, None));
         assert_eq!(split_stop("abc", 0, &[]), (3, None));
     }

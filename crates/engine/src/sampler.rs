@@ -49,7 +49,10 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::BadSampling(m));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+            return bad(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -58,7 +61,10 @@ impl SamplingParams {
             return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return bad(format!("repeat_penalty must be > 0, got {}", self.repeat_penalty));
+            return bad(format!(
+                "repeat_penalty must be > 0, got {}",
+                self.repeat_penalty
+            ));
         }
         for (name, v) in [
             ("presence_penalty", self.presence_penalty),
@@ -191,7 +197,7 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         if p.min_p > 0.0 {
-            let threshold = cand[0].1 + (p.min_p as f32).ln();
+            let threshold = cand[0].1 + p.min_p.ln();
             let keep = cand.iter().take_while(|c| c.1 >= threshold).count();
             cand.truncate(keep.max(1));
         }
@@ -238,16 +244,32 @@ mod tests {
         .unwrap();
         let mut l = vec![4.0, -4.0, 1.0];
         s.apply_penalties(&mut l, &[0, 1, 1]);
-        assert_eq!(l, vec![4.0 / 2.0 - 0.5 - 0.25, -4.0 * 2.0 - 1.0 - 0.25, 1.0]);
+        assert_eq!(
+            l,
+            vec![4.0 / 2.0 - 0.5 - 0.25, -4.0 * 2.0 - 1.0 - 0.25, 1.0]
+        );
     }
 
     #[test]
     fn top_k_one_is_greedy_and_seeds_reproduce() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
-        let mut a = Sampler::new(SamplingParams { top_k: 1, temperature: 1.5, ..Default::default() }).unwrap();
+        let mut a = Sampler::new(SamplingParams {
+            top_k: 1,
+            temperature: 1.5,
+            ..Default::default()
+        })
+        .unwrap();
         assert_eq!(a.sample(&logits, &[]), argmax(&logits));
         let draw = |seed| {
-            let mut s = Sampler::new(SamplingParams { seed, temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() }).unwrap();
+            let mut s = Sampler::new(SamplingParams {
+                seed,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..Default::default()
+            })
+            .unwrap();
             (0..20).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
@@ -259,7 +281,15 @@ mod tests {
         // Three tokens with probabilities 0.5, 0.3, 0.2 at temperature 1: frequencies over
         // 20,000 draws stay within 2% of them.
         let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 3, ..Default::default() }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        })
+        .unwrap();
         let mut counts = [0usize; 3];
         for _ in 0..20_000 {
             counts[s.sample(&logits, &[]) as usize] += 1;
@@ -272,11 +302,27 @@ mod tests {
     #[test]
     fn min_p_and_top_p_cut_the_tail() {
         let logits = [10.0f32, 9.0, 0.0, -5.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.2, seed: 1, ..Default::default() }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.2,
+            seed: 1,
+            ..Default::default()
+        })
+        .unwrap();
         for _ in 0..200 {
             assert!(s.sample(&logits, &[]) <= 1);
         }
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 1, ..Default::default() }).unwrap();
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            seed: 1,
+            ..Default::default()
+        })
+        .unwrap();
         for _ in 0..200 {
             assert_eq!(s.sample(&logits, &[]), 0);
         }
@@ -285,11 +331,26 @@ mod tests {
     #[test]
     fn bad_parameters_are_refused() {
         for p in [
-            SamplingParams { temperature: -1.0, ..Default::default() },
-            SamplingParams { top_p: 0.0, ..Default::default() },
-            SamplingParams { min_p: 1.5, ..Default::default() },
-            SamplingParams { repeat_penalty: 0.0, ..Default::default() },
-            SamplingParams { presence_penalty: f32::NAN, ..Default::default() },
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                repeat_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: f32::NAN,
+                ..Default::default()
+            },
         ] {
             assert!(Sampler::new(p).is_err());
         }

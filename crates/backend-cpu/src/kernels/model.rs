@@ -14,6 +14,7 @@ mod attention;
 mod check;
 mod elementwise;
 mod embed;
+mod ggml_math;
 mod matmul;
 mod moe;
 mod norm;

@@ -1,23 +1,29 @@
-//! Element-wise ops on f32 activations, with ggml's formulas (`ggml_silu_f32`,
-//! `ggml_vec_sigmoid_f32`); large launches (prefill) are split over the pool.
+//! Element-wise ops on f32 activations, computed as llama.cpp computes them (see
+//! ggml_math.rs); large launches (prefill) are split over the pool.
 
 use super::check::{prefix, prefix_mut};
+use super::ggml_math;
 use super::par;
 use crate::kernels::KernelArgs;
 
 /// Work units of one element (a load, an op, a store).
 const ELEM_WORK: usize = 2;
 
-/// ggml's `ggml_silu_f32`.
+/// SwiGLU's SiLU: ggml's vector SiLU (every supported model's FFN rows are whole vectors).
 #[inline]
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    ggml_math::vsilu(x)
 }
 
-/// ggml's sigmoid.
+/// qwen2moe's shared-expert gate as llama.cpp builds it: silu(x) / x on a one-column
+/// tensor, so ggml's scalar SiLU (0.5 at 0, where the quotient is undefined).
 #[inline]
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    if x == 0.0 {
+        0.5
+    } else {
+        ggml_math::silu_scalar(x) / x
+    }
 }
 
 /// `y[i] = f(a[i], b[i])` over `n` elements, split over the pool when large.

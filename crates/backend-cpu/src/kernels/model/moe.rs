@@ -1,9 +1,10 @@
 //! Mixture-of-experts routing and recombination, as llama.cpp's build_moe_ffn does them:
-//! softmax over the router logits (ggml_soft_max: f32 exponentials, f64 sum), the top
+//! softmax over the router logits (ggml_soft_max's exponentials and f64 sum), the top
 //! k probabilities, optionally normalised by their sum (clamped like llama.cpp), and the
 //! weighted sum of the experts' outputs in slot order.
 
 use super::check::{prefix, prefix_mut};
+use super::ggml_math;
 use super::par;
 use crate::kernels::KernelArgs;
 
@@ -15,11 +16,7 @@ fn softmax(x: &mut [f32]) {
     let max = x
         .iter()
         .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
+    let sum = ggml_math::softmax_exp(x, max);
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;

@@ -1,7 +1,7 @@
 //! The attention inner loops: query·key scores and probability-weighted sums of value
 //! rows over the f16 cache, with keys and values widened to f32 on the fly (F16C) and
-//! every sum in f32; `y += a·x` and the softmax exponentials. AVX2 + FMA + F16C versions
-//! chosen at run time, portable ones beside them.
+//! every sum in f32. AVX2 + FMA + F16C versions chosen at run time, portable ones beside
+//! them.
 
 use half::f16;
 
@@ -73,34 +73,6 @@ pub fn accumulate(p: &[f32], values: CacheRows<'_>, acc: &mut [f32]) {
             *a += w * f16::from_bits(v).to_f32();
         }
     }
-}
-
-/// `y[i] += a * x[i]` (`y.len() == x.len()`).
-#[inline]
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU runs AVX2 and FMA (checked above).
-        return unsafe { avx2::axpy(y, a, x) };
-    }
-    for (o, &v) in y.iter_mut().zip(x) {
-        *o += a * v;
-    }
-}
-
-/// `x[i] = exp(x[i] - max)` for every i; returns their sum (in f64).
-pub fn exp_shifted(x: &mut [f32], max: f32) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU runs AVX2 and FMA (checked above).
-        return unsafe { avx2::exp_shifted(x, max) };
-    }
-    let mut sum = 0.0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += f64::from(*v);
-    }
-    sum
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -210,76 +182,5 @@ mod avx2 {
                 }
             }
         }
-    }
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-        let n = y.len().min(x.len());
-        let (py, px) = (y.as_mut_ptr(), x.as_ptr());
-        let av = _mm256_set1_ps(a);
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n for both slices.
-            unsafe {
-                let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(px.add(i)), _mm256_loadu_ps(py.add(i)));
-                _mm256_storeu_ps(py.add(i), r);
-            }
-            i += 8;
-        }
-        for k in i..n {
-            y[k] += a * x[k];
-        }
-    }
-
-    /// e^x for x <= 0 (the softmax's shifted scores): x = n ln2 + r, |r| <= ln2 / 2,
-    /// e^r by a degree-6 Taylor polynomial (relative error < 2e-7), times 2^n through
-    /// the exponent bits; below -87.3 the result is 0 (as expf's underflow).
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn exp_neg(x: __m256) -> __m256 {
-        let min = _mm256_set1_ps(-87.3);
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, min);
-        let x = _mm256_max_ps(x, min);
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        // r = x - n ln2, with ln2 split in two for precision (Cody-Waite).
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_andnot_ps(underflow, _mm256_mul_ps(p, scale))
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn exp_shifted(x: &mut [f32], max: f32) -> f64 {
-        let n = x.len();
-        let p = x.as_mut_ptr();
-        let m = _mm256_set1_ps(max);
-        let mut sum = _mm256_setzero_ps();
-        let mut i = 0;
-        while i + 8 <= n {
-            // SAFETY: i + 8 <= n.
-            unsafe {
-                let e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
-                _mm256_storeu_ps(p.add(i), e);
-                sum = _mm256_add_ps(sum, e);
-            }
-            i += 8;
-        }
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: lanes holds 8 f32.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-        let mut total: f64 = lanes.iter().map(|&v| f64::from(v)).sum();
-        for v in &mut x[i..] {
-            *v = (*v - max).exp();
-            total += f64::from(*v);
-        }
-        total
     }
 }
