@@ -5,7 +5,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "strata", version, about = "Mixture-of-Experts inference for GPUs smaller than the model")]
+#[command(
+    name = "strata",
+    version,
+    about = "Mixture-of-Experts inference for GPUs smaller than the model"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -160,7 +160,15 @@ impl Model {
             LogitRows::All => (0, n),
         };
         let e = h.n_embd as usize;
-        ops.rms_norm(&s.x, first as usize * e, &self.output_norm, &s.xn, 0, count, h.rms_eps)?;
+        ops.rms_norm(
+            &s.x,
+            first as usize * e,
+            &self.output_norm,
+            &s.xn,
+            0,
+            count,
+            h.rms_eps,
+        )?;
         ops.mul_mat(self.output(), &s.xn, 0, &s.logits, count)?;
         Ok(())
     }
@@ -203,7 +211,16 @@ impl Model {
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
         ops.kv_store(k, &s.v, k_cache, v_cache, h.kv_dim(), pos0, n)?;
         ops.attention(
-            q, k_cache, v_cache, &s.att, n, h.n_head, h.n_head_kv, h.head_dim, pos0, h.attn_scale,
+            q,
+            k_cache,
+            v_cache,
+            &s.att,
+            n,
+            h.n_head,
+            h.n_head_kv,
+            h.head_dim,
+            pos0,
+            h.attn_scale,
         )?;
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
         if let Some(b) = &a.bo {

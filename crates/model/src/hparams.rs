@@ -196,7 +196,11 @@ pub(crate) fn moe(g: &GgufFile, h: &HParams, norm_topk: bool) -> Result<Moe> {
             detail: format!("{scale}"),
         });
     }
-    let default_ff = if h.n_ff > 0 { h.n_ff / n_expert_used } else { 0 };
+    let default_ff = if h.n_ff > 0 {
+        h.n_ff / n_expert_used
+    } else {
+        0
+    };
     let n_ff_exp = u32_or(g, "expert_feed_forward_length", default_ff)?;
     if n_ff_exp == 0 {
         return Err(ModelError::BadHParams(format!(

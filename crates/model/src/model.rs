@@ -147,7 +147,9 @@ fn load_layer(ld: &mut Loader<'_>, hp: &HParams, i: u32) -> Result<Layer> {
         k_norm,
     };
     if hp.attn_bias && (attn.bq.is_none() || attn.bk.is_none() || attn.bv.is_none()) {
-        return Err(ModelError::MissingTensor(n("attn_q.bias / attn_k.bias / attn_v.bias")));
+        return Err(ModelError::MissingTensor(n(
+            "attn_q.bias / attn_k.bias / attn_v.bias",
+        )));
     }
     let ffn_norm = ld.vector(&n("ffn_norm.weight"), e)?;
     let ffn = match &hp.moe {

@@ -97,7 +97,11 @@ impl Ops<'_> {
     }
 
     pub fn add_rows(&self, x: &DeviceBuffer<f32>, b: &Vector, n_rows: u32) -> Result<()> {
-        let args = Args::new().read_write(x).read(&b.buf).u32(n_rows).u32(b.len);
+        let args = Args::new()
+            .read_write(x)
+            .read(&b.buf)
+            .u32(n_rows)
+            .u32(b.len);
         self.launch(KernelId::AddRows, (n_rows * b.len) as usize, args)
     }
 
@@ -136,7 +140,11 @@ impl Ops<'_> {
             .f32(r.beta_fast)
             .f32(r.beta_slow)
             .u32(r.n_ctx_orig);
-        self.launch(KernelId::Rope, (n_tokens * n_heads * head_dim) as usize, args)
+        self.launch(
+            KernelId::Rope,
+            (n_tokens * n_heads * head_dim) as usize,
+            args,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -235,7 +243,11 @@ impl Ops<'_> {
             .u32(n_used)
             .u32(x_per_slot as u32)
             .u64(w.expert_bytes);
-        self.launch(KernelId::MulMatExperts, (n_tokens * n_used * w.m) as usize, args)
+        self.launch(
+            KernelId::MulMatExperts,
+            (n_tokens * n_used * w.m) as usize,
+            args,
+        )
     }
 
     pub fn moe_combine(

@@ -99,7 +99,10 @@ impl<'a> Loader<'a> {
     fn bytes_of(&mut self, t: &TensorInfo) -> Result<DeviceBuffer<u8>> {
         self.bytes_loaded += t.n_bytes;
         let (offset, len) = (t.offset as usize, t.n_bytes as usize);
-        if let Some(buf) = self.dev.import_host::<u8>(self.memory.clone(), offset, len)? {
+        if let Some(buf) = self
+            .dev
+            .import_host::<u8>(self.memory.clone(), offset, len)?
+        {
             return Ok(buf);
         }
         let data = self.gguf.tensor_data(t);
@@ -134,10 +137,12 @@ impl<'a> Loader<'a> {
         let t = self.info(name)?;
         Self::check_dims(&t, &[k as u64, m as u64, n_expert as u64])?;
         Self::check_format(&t)?;
-        let row = t.ty.row_bytes(k as usize).ok_or_else(|| ModelError::BadTensor {
-            name: name.to_string(),
-            detail: format!("row of {k} is not a whole number of {} blocks", t.ty),
-        })?;
+        let row =
+            t.ty.row_bytes(k as usize)
+                .ok_or_else(|| ModelError::BadTensor {
+                    name: name.to_string(),
+                    detail: format!("row of {k} is not a whole number of {} blocks", t.ty),
+                })?;
         Ok(Experts {
             buf: self.bytes_of(&t)?,
             ty: t.ty,
@@ -164,12 +169,12 @@ impl<'a> Loader<'a> {
             }
         }
         let mut values = vec![0f32; len as usize];
-        strata_quant::dequantize_row(t.ty, self.gguf.tensor_data(&t), &mut values).map_err(|e| {
-            ModelError::BadTensor {
+        strata_quant::dequantize_row(t.ty, self.gguf.tensor_data(&t), &mut values).map_err(
+            |e| ModelError::BadTensor {
                 name: name.to_string(),
                 detail: e.to_string(),
-            }
-        })?;
+            },
+        )?;
         Ok(Vector {
             buf: self.dev.alloc_from(&values, self.stream)?,
             len,

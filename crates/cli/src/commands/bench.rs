@@ -60,8 +60,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         tracing::info!("bench repetition {}/{reps} done", rep + 1);
     }
-    let pp = if pp_s > 0.0 { (args.n_prompt * reps) as f64 / pp_s } else { 0.0 };
-    let tg = if tg_s > 0.0 { (args.n_gen * reps) as f64 / tg_s } else { 0.0 };
+    let pp = if pp_s > 0.0 {
+        (args.n_prompt * reps) as f64 / pp_s
+    } else {
+        0.0
+    };
+    let tg = if tg_s > 0.0 {
+        (args.n_gen * reps) as f64 / tg_s
+    } else {
+        0.0
+    };
     let info = loaded.dev.info();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
@@ -79,8 +87,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
         println!("{obj}");
     } else {
-        println!("model: {} ({})", args.model.model.display(), loaded.model.hp.arch);
-        println!("backend: {} on {} ({threads} threads)", info.backend.name(), info.name);
+        println!(
+            "model: {} ({})",
+            args.model.model.display(),
+            loaded.model.hp.arch
+        );
+        println!(
+            "backend: {} on {} ({threads} threads)",
+            info.backend.name(),
+            info.name
+        );
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
     }

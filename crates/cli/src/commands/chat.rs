@@ -50,8 +50,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             break;
         }
         turns.push(("user".into(), line));
-        let messages: Vec<(&str, &str)> =
-            turns.iter().map(|(r, c)| (r.as_str(), c.as_str())).collect();
+        let messages: Vec<(&str, &str)> = turns
+            .iter()
+            .map(|(r, c)| (r.as_str(), c.as_str()))
+            .collect();
         let tokens = common::chat_tokens(&loaded.tokenizer, &messages)?;
         let reuse = ctx
             .tokens()
@@ -63,9 +65,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .min(tokens.len().saturating_sub(1));
         ctx.truncate(reuse);
         let mut stdout = std::io::stdout().lock();
-        let g = generate(&mut ctx, &loaded.tokenizer, &tokens[reuse..], &params, |t| {
-            stdout.write_all(t.as_bytes()).is_ok() && stdout.flush().is_ok()
-        });
+        let g = generate(
+            &mut ctx,
+            &loaded.tokenizer,
+            &tokens[reuse..],
+            &params,
+            |t| stdout.write_all(t.as_bytes()).is_ok() && stdout.flush().is_ok(),
+        );
         let _ = writeln!(stdout);
         match g {
             Ok(g) => {
