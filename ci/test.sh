@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, every test with the CPU
-# sanitizer on, and the CUDA build (which needs no CUDA installed).
+# sanitizer on, and the CUDA and HIP builds (which need no GPU software installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
@@ -8,11 +8,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy --workspace --all-targets --features cuda -- -D warnings
+cargo clippy --workspace --all-targets --features cuda,hip -- -D warnings
 echo "== models"
 export STRATA_SMOLLM2="$(./ci/fetch-models.sh)"
 echo "== cargo test (STRATA_SANITIZE=1)"
 STRATA_SANITIZE=1 cargo test --workspace
-echo "== cargo build --features cuda"
-cargo build --features cuda
-./target/debug/strata devices
+echo "== cargo build --features cuda,hip (no GPU software needed to build)"
+cargo build --features cuda,hip
+cargo run -q -p strata-cli --features cuda,hip -- devices
