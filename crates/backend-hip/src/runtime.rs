@@ -42,7 +42,10 @@ pub(crate) fn device_count() -> Result<usize, Error> {
                      --device=/dev/dri), so there is no AMD GPU to use",
                     ffi::hip().map(|l| l.path.as_str()).unwrap_or("?")
                 )),
-                HIP_ERROR_NO_DEVICE => Ok(0),
+                HIP_ERROR_NO_DEVICE => match kfd_access() {
+                    Some(why) => Err(why),
+                    None => Ok(0),
+                },
                 r => Err(format!("hipGetDeviceCount failed: {}", describe(r))),
             }
         })
@@ -51,6 +54,19 @@ pub(crate) fn device_count() -> Result<usize, Error> {
             backend: NAME,
             reason,
         })
+}
+
+/// Why this process cannot use the kernel driver's node, when it exists but will not
+/// open (HIP then reports no device, which would hide the real cause).
+fn kfd_access() -> Option<String> {
+    match std::fs::OpenOptions::new().read(true).write(true).open(KFD) {
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Some(format!(
+            "{KFD} exists but this user may not open it ({e}); add the user to the `render` \
+             and `video` groups"
+        )),
+        Err(_) => None,
+    }
 }
 
 /// "hipErrorName: description" for a HIP result.
