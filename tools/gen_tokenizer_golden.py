@@ -86,7 +86,7 @@ PRE_NAMES = [
     "youtu", "falcon", "mpt", "starcoder", "gpt-2", "trillion", "jais-2", "smollm", "qwen2",
     "stablelm2", "qwen35", "dbrx", "poro-chat", "bloom", "chatglm-bpe", "glm4", "viking", "tekken",
     "exaone-moe", "chameleon", "gpt-4o", "granite-embed-multi-97m", "bailingmoe", "seed-coder",
-    "ufakzeka", "laguna",
+    "ufakzeka", "laguna", "afmoe", "tiny_aya", "kimi-k2", "superbpe",
 ]
 
 # Extra texts for the regexes that look at letter case, marks and digit runs.
@@ -94,7 +94,7 @@ PRE_TEXTS = [
     "HelloWORLD camelCase snake_case XMLHttpRequest iPhone McDonald's O'Neil",
     "ΑΒΓαβγ ЖжЯя ÀÉÎõü ǅǈ ᾈᾉ",  # upper, lower and title case letters
     "नमस्ते दुनिया क्षत्रिय ক্ষ తెలుగు",  # combining marks
-    "1234567 12 123 1234 12,345.678 ١٢٣٤ ５６７",
+    "1234567 12 123 1234 12,345.678 ١٢٣٤ ５６７ abc12345def x1y234 v2.0.10",
     "I'M HE'S WE'LL THEY'D YOU'VE it'S 'tis",
     "<sentinel:12> IMGIMGABCDZ IMGIMGABZ tab\tnl\n   four    spaces",
     "漢字かなカナ한글 mixed漢字text",

@@ -119,6 +119,14 @@ impl DateTime {
         })
     }
 
+    /// The month's English name ("???" for a month outside 1..=12).
+    fn month_name(&self) -> &'static str {
+        MONTHS
+            .get((self.month as usize).wrapping_sub(1))
+            .copied()
+            .unwrap_or("???")
+    }
+
     /// 0 = Monday.
     fn weekday(&self) -> usize {
         (days_from_civil(self.year, self.month, self.day) + 3).rem_euclid(7) as usize
@@ -174,10 +182,10 @@ impl DateTime {
                 'S' => num(&mut out, i64::from(self.second), 2),
                 'j' => num(&mut out, self.day_of_year(), 3),
                 'p' => out.push_str(if self.hour < 12 { "AM" } else { "PM" }),
-                'B' => out.push_str(MONTHS[(self.month - 1) as usize]),
-                'b' | 'h' => out.push_str(&MONTHS[(self.month - 1) as usize][..3]),
-                'A' => out.push_str(WEEKDAYS[self.weekday()]),
-                'a' => out.push_str(&WEEKDAYS[self.weekday()][..3]),
+                'B' => out.push_str(self.month_name()),
+                'b' | 'h' => out.push_str(&self.month_name()[..3]),
+                'A' => out.push_str(WEEKDAYS[self.weekday() % 7]),
+                'a' => out.push_str(&WEEKDAYS[self.weekday() % 7][..3]),
                 'u' => num(&mut out, self.weekday() as i64 + 1, 1),
                 'w' => num(&mut out, (self.weekday() as i64 + 1) % 7, 1),
                 'F' => {
@@ -206,8 +214,8 @@ impl DateTime {
                     let _ = write!(
                         out,
                         "{} {} {:2} {:02}:{:02}:{:02} {}",
-                        &WEEKDAYS[self.weekday()][..3],
-                        &MONTHS[(self.month - 1) as usize][..3],
+                        &WEEKDAYS[self.weekday() % 7][..3],
+                        &self.month_name()[..3],
                         self.day,
                         self.hour,
                         self.minute,

@@ -264,6 +264,13 @@ mod tests {
     }
 
     #[test]
+    fn tokenizer_and_template_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<crate::chat::ChatTemplate>();
+    }
+
+    #[test]
     fn unknown_model_is_an_error() {
         let Err(e) = Tokenizer::from_spec(&tiny_spec("t5", None)) else {
             panic!("accepted t5")

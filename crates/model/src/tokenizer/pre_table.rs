@@ -132,6 +132,35 @@ const EXAONE_MOE: RegexList = &[
     r##"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"##,
 ];
 
+/// llama.cpp's name for its digit-grouping splitter (not a regex): each run of
+/// digits is cut into groups of three from the right.
+pub(crate) const AFMOE_DIGITS: &str = r"\p{AFMoE_digits}";
+
+const AFMOE: RegexList = &[
+    AFMOE_DIGITS,
+    // The range from U+8C48 is as in llama.cpp's source.
+    r##"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{8C48}-\x{FAFF}\x{3040}-\x{309F}\x{30A0}-\x{30FF}\x{FF65}-\x{FF9F}\x{2F00}-\x{2FDF}\x{E40}-\x{E7F}\x{E80}-\x{EFF}\x{1780}-\x{17FF}\x{1000}-\x{109F}\x{AA60}-\x{AA7F}\x{A9E0}-\x{A9FF}\x{AC00}-\x{D7AF}\x{1100}-\x{11FF}]+"##,
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+// The first step is llama.cpp's digit splitter (it stands in for the original
+// `\d{1,3}(?=(?:\d{3})*\b)`); \p{Lu} etc. are written \p{L} as for youtu.
+const TINY_AYA: RegexList = &[
+    AFMOE_DIGITS,
+    r##"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]*[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+[\p{L}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+// llama.cpp's hand-written Kimi-K2 splitter as one regex: Han runs (its Han
+// ranges), letter runs without Han (letters only, case ignored, as its splitter
+// does), then the llama3-style rest.
+const KIMI_K2: RegexList = &[
+    r##"[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{2CEB0}-\x{2EBEF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]+|[^\r\n\p{L}\p{N}]?[\p{L}--[\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B73F}\x{2B740}-\x{2B81F}\x{2B820}-\x{2CEAF}\x{2CEB0}-\x{2EBEF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
+// std::regex's \d is ASCII, hence [0-9]; the second regex only matches empty
+// strings, cutting digit runs into threes from the right.
+const SUPERBPE: RegexList = &[r##"\p{N}+"##, r##"(?=([0-9]{3})+(?![0-9]))"##];
+
 const MINICPM5: RegexList = &[
     r##"\p{N}{1,3}"##,
     r##"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
@@ -310,6 +339,10 @@ const PRE_NAMES: &[(&[&str], PreDef)] = &[
     (&["seed-coder"], unclean(SEED_CODER)),
     (&["ufakzeka"], unclean(UFAKZEKA)),
     (&["laguna"], unclean(LAGUNA)),
+    (&["afmoe"], unclean(AFMOE)),
+    (&["tiny_aya", "cohere2moe"], unclean(TINY_AYA)),
+    (&["kimi-k2"], unclean(KIMI_K2)),
+    (&["superbpe"], unclean(SUPERBPE)),
 ];
 
 /// The definition for `name`; an absent or empty name means llama.cpp's default.

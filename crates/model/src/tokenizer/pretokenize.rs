@@ -6,25 +6,37 @@ use std::ops::Range;
 use fancy_regex::Regex;
 
 use super::error::TokenizerError;
-use super::pre_table::RegexList;
+use super::pre_table::{AFMOE_DIGITS, RegexList};
 
-/// Compiled regexes of one pre-tokenizer.
+/// One step of a pre-tokenizer.
+enum Step {
+    Regex(Regex),
+    /// llama.cpp's AFMoE digit splitter.
+    DigitGroups,
+}
+
+/// Compiled steps of one pre-tokenizer.
 pub(crate) struct PreTokenizer {
-    regexes: Vec<Regex>,
+    steps: Vec<Step>,
 }
 
 impl PreTokenizer {
     pub(crate) fn new(list: RegexList) -> Result<Self, TokenizerError> {
-        let regexes = list
+        let steps = list
             .iter()
             .map(|p| {
-                Regex::new(p).map_err(|e| TokenizerError::BadRegex {
-                    pattern: (*p).to_owned(),
-                    reason: e.to_string(),
-                })
+                if *p == AFMOE_DIGITS {
+                    return Ok(Step::DigitGroups);
+                }
+                Regex::new(p)
+                    .map(Step::Regex)
+                    .map_err(|e| TokenizerError::BadRegex {
+                        pattern: (*p).to_owned(),
+                        reason: e.to_string(),
+                    })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { regexes })
+        Ok(Self { steps })
     }
 
     /// Byte ranges of the words of `text`. Each regex runs on every piece left
@@ -35,32 +47,81 @@ impl PreTokenizer {
             start: 0,
             end: text.len(),
         }];
-        for re in &self.regexes {
+        for step in &self.steps {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
-                let frag = &text[piece.clone()];
-                let mut last = 0;
-                for m in re.find_iter(frag) {
-                    let m = m.map_err(|e| TokenizerError::RegexRuntime {
-                        pattern: re.as_str().to_owned(),
-                        reason: e.to_string(),
-                    })?;
-                    if m.start() > last {
-                        next.push(piece.start + last..piece.start + m.start());
-                    }
-                    if m.end() > m.start() {
-                        next.push(piece.start + m.start()..piece.start + m.end());
-                    }
-                    last = m.end();
-                }
-                if last < frag.len() {
-                    next.push(piece.start + last..piece.end);
+                match step {
+                    Step::Regex(re) => split_by_regex(re, text, piece, &mut next)?,
+                    Step::DigitGroups => split_digit_groups(text, piece, &mut next),
                 }
             }
             pieces = next;
         }
         Ok(pieces)
     }
+}
+
+fn split_by_regex(
+    re: &Regex,
+    text: &str,
+    piece: Range<usize>,
+    next: &mut Vec<Range<usize>>,
+) -> Result<(), TokenizerError> {
+    let frag = &text[piece.clone()];
+    let mut last = 0;
+    for m in re.find_iter(frag) {
+        let m = m.map_err(|e| TokenizerError::RegexRuntime {
+            pattern: re.as_str().to_owned(),
+            reason: e.to_string(),
+        })?;
+        if m.start() > last {
+            next.push(piece.start + last..piece.start + m.start());
+        }
+        if m.end() > m.start() {
+            next.push(piece.start + m.start()..piece.start + m.end());
+        }
+        last = m.end();
+    }
+    if last < frag.len() {
+        next.push(piece.start + last..piece.end);
+    }
+    Ok(())
+}
+
+/// llama.cpp's AFMoE digit splitter: a run of n digits (\p{N}) ends a piece
+/// after its first n mod 3 digits and after every third digit from there; the
+/// text before the run stays in the piece of the first group, as there.
+fn split_digit_groups(text: &str, piece: Range<usize>, next: &mut Vec<Range<usize>>) {
+    let frag = &text[piece.clone()];
+    let mut prev_end = 0;
+    let mut cut = |end: usize, next: &mut Vec<Range<usize>>| {
+        if end > prev_end {
+            next.push(piece.start + prev_end..piece.start + end);
+        }
+        prev_end = end;
+    };
+    let chars: Vec<(usize, char)> = frag.char_indices().collect();
+    let offset = |i: usize| chars.get(i).map_or(frag.len(), |&(o, _)| o);
+    let mut i = 0;
+    while i < chars.len() {
+        if !chars[i].1.is_numeric() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < chars.len() && chars[i].1.is_numeric() {
+            i += 1;
+        }
+        let mut at = start + (i - start) % 3;
+        if at > start {
+            cut(offset(at), next);
+        }
+        while at < i {
+            at += 3;
+            cut(offset(at), next);
+        }
+    }
+    cut(frag.len(), next);
 }
 
 /// GPT-2's reversible map of the 256 byte values to printable characters.
@@ -128,6 +189,19 @@ mod tests {
         let mut s = String::new();
         bl.encode_into(b" \n", &mut s);
         assert_eq!(s, "ĠĊ");
+    }
+
+    #[test]
+    fn digit_groups_cut_like_llama_cpp() {
+        fn pieces(text: &str) -> Vec<&str> {
+            let mut out = Vec::new();
+            split_digit_groups(text, 0..text.len(), &mut out);
+            out.into_iter().map(|r| &text[r]).collect()
+        }
+        assert_eq!(pieces("1234567"), ["1", "234", "567"]);
+        assert_eq!(pieces("abc12345def"), ["abc12", "345", "def"]);
+        assert_eq!(pieces("x1y234"), ["x1", "y234"]);
+        assert_eq!(pieces("no digits"), ["no digits"]);
     }
 
     #[test]
