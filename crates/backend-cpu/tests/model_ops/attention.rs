@@ -44,7 +44,11 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], scale: f32) -> Vec<f64> 
             for d in 0..c.head_dim {
                 out.push(
                     (0..span)
-                        .map(|i| e[i] / sum * f16_round(v[i * kv_dim + off + d]))
+                        // llama.cpp hands the normalised probabilities to the V
+                        // product as f16; so does the kernel.
+                        .map(|i| {
+                            f16_round((e[i] / sum) as f32) * f16_round(v[i * kv_dim + off + d])
+                        })
                         .sum(),
                 );
             }
@@ -152,7 +156,10 @@ fn attention_matches_a_naive_causal_gqa_softmax() {
                 "t={} h={}/{} d={} pos0={}",
                 c.n_tokens, c.n_head, c.n_kv_head, c.head_dim, c.pos0
             );
-            assert_close(&what, &got, &want, |_| 2e-5);
+            // The kernel's exponential (ggml's vector exp) differs from f64's by ~1e-7
+            // relative, which can move a probability across an f16 rounding boundary:
+            // one f16 ulp (2^-11 of p <= 1) times |v| <= 3.
+            assert_close(&what, &got, &want, |_| 3.0 * 2f64.powi(-11));
         }
     }
 }
