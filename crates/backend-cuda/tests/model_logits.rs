@@ -1,0 +1,209 @@
+//! Whole models on the CUDA device against the CPU backend: the same GGUF loaded with
+//! `strata_model::Model::load` on both, the same tokens fed through `strata_engine::Context`
+//! (a prompt in batches of 16, covering the batched kernels, then single-token decode
+//! steps), and every logit compared. Models: random-weight files from `strata synth` for
+//! each architecture (dense llama, Mixtral-style llama, qwen3moe, qwen2moe with its shared
+//! expert, olmoe) in several formats, and SmolLM2-135M-Instruct Q4_1 where it is on disk.
+//! Skips with one line when there is no CUDA device.
+//!
+//! Tolerance: max |Δlogit| ≤ 1e-3 · max |logit| per position. Both devices quantise every
+//! activation identically, so differences start at f32 rounding (~1e-7) and grow only
+//! where a rounded activation lands on the other side of a quantisation step.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use strata_core::{Device, Error};
+use strata_engine::Context;
+use strata_gguf::{GgufFile, QuantType};
+use strata_model::Model;
+use strata_model::synth::{SynthArch, SynthSpec, synthesize};
+
+const TOL: f64 = 1e-3;
+const PROMPT: usize = 40;
+const DECODE_STEPS: usize = 4;
+
+fn gpu(test: &str) -> Option<Device> {
+    match strata_backend_cuda::device(0) {
+        Ok(d) => Some(d),
+        Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
+            eprintln!("{test}: skipped, no CUDA device here ({e})");
+            None
+        }
+        Err(e) => panic!("a CUDA device is present but could not be opened: {e}"),
+    }
+}
+
+fn smollm2_path() -> Option<PathBuf> {
+    let p = match std::env::var_os("STRATA_SMOLLM2") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("STRATA_MODEL_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
+            })?
+            .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    p.exists().then_some(p)
+}
+
+/// The logits of the prompt's positions, then of each decode step, on `dev`. Decode
+/// tokens are `next` (the same on both devices).
+fn logits(dev: &Device, gguf: &Arc<GgufFile>, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+    let model = Model::load(dev, dev.main_stream(), gguf.clone(), |_, _| {}).expect("load");
+    let vocab = model.hp.n_vocab as usize;
+    let mut ctx = Context::new(Arc::new(model), dev.clone(), 256, 16).expect("context");
+    let all = ctx.eval_all(prompt).expect("prompt");
+    let mut rows: Vec<Vec<f32>> = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
+    for &t in next {
+        rows.push(ctx.eval(&[t]).expect("decode"));
+    }
+    rows
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
+        .0
+}
+
+/// Compares one model on both devices; returns a failure description, if any.
+fn compare(name: &str, gguf: Arc<GgufFile>, cpu: &Device, gpu: &Device) -> Option<String> {
+    let vocab = strata_model::Model::load(cpu, cpu.main_stream(), gguf.clone(), |_, _| {})
+        .expect("load")
+        .hp
+        .n_vocab as usize;
+    // Deterministic token ids spread over the vocabulary.
+    let prompt: Vec<u32> = (0..PROMPT)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect();
+    let next: Vec<u32> = (0..DECODE_STEPS)
+        .map(|i| ((i * 104_729 + 5) % vocab) as u32)
+        .collect();
+    let c = logits(cpu, &gguf, &prompt, &next);
+    let g = logits(gpu, &gguf, &prompt, &next);
+    let (mut worst, mut worst_at, mut same_top) = (0.0f64, 0usize, 0usize);
+    for (pos, (cr, gr)) in c.iter().zip(&g).enumerate() {
+        let scale = cr.iter().fold(1e-6f64, |m, &x| m.max(f64::from(x.abs())));
+        let diff = cr
+            .iter()
+            .zip(gr)
+            .map(|(&a, &b)| {
+                let d = (f64::from(a) - f64::from(b)).abs();
+                if b.is_finite() { d } else { f64::INFINITY }
+            })
+            .fold(0.0f64, f64::max);
+        if diff / scale > worst {
+            worst = diff / scale;
+            worst_at = pos;
+        }
+        same_top += usize::from(argmax(cr) == argmax(gr));
+    }
+    println!(
+        "{name}: {} positions ({PROMPT} prompt + {DECODE_STEPS} decode), max |Δlogit|/max|logit| \
+         {worst:.3e} (position {worst_at}), same top-1 at {same_top}/{}",
+        c.len(),
+        c.len()
+    );
+    (worst > TOL || c.len() != g.len())
+        .then(|| format!("{name}: max relative logit error {worst:.3e} > {TOL:.0e}"))
+}
+
+fn spec(arch: SynthArch, quant: QuantType, experts: u32) -> SynthSpec {
+    let base = SynthSpec::default();
+    SynthSpec {
+        arch,
+        quant,
+        experts,
+        experts_used: if experts > 0 { 2 } else { 0 },
+        // olmoe normalises K over the whole hidden size, so it has no grouped K/V heads.
+        kv_heads: if arch == SynthArch::Olmoe {
+            base.heads
+        } else {
+            base.kv_heads
+        },
+        seed: 7,
+        ..base
+    }
+}
+
+/// The synthetic models compared: every architecture, weight formats of each family.
+fn synthetic_cases() -> Vec<(&'static str, SynthSpec)> {
+    let mut head128 = spec(SynthArch::Llama, QuantType::Q6_K, 0);
+    head128.head_dim = Some(128);
+    head128.heads = 4;
+    head128.kv_heads = 1;
+    head128.tie_embeddings = true;
+    vec![
+        (
+            "llama dense Q4_0",
+            spec(SynthArch::Llama, QuantType::Q4_0, 0),
+        ),
+        ("llama dense Q6_K head_dim 128 tied", head128),
+        (
+            "llama MoE (Mixtral) IQ2_XS",
+            spec(SynthArch::Llama, QuantType::IQ2_XS, 8),
+        ),
+        (
+            "qwen3moe Q4_K",
+            spec(SynthArch::Qwen3Moe, QuantType::Q4_K, 8),
+        ),
+        (
+            "qwen3moe MXFP4",
+            spec(SynthArch::Qwen3Moe, QuantType::MXFP4, 8),
+        ),
+        (
+            "qwen2moe Q8_0 (shared expert)",
+            spec(SynthArch::Qwen2Moe, QuantType::Q8_0, 8),
+        ),
+        ("olmoe IQ4_XS", spec(SynthArch::Olmoe, QuantType::IQ4_XS, 8)),
+        ("olmoe Q5_1", spec(SynthArch::Olmoe, QuantType::Q5_1, 8)),
+    ]
+}
+
+#[test]
+fn synthetic_model_specs_are_valid() {
+    // Runs without a GPU, so a spec the synthesiser refuses fails here, not on the device.
+    for (name, s) in synthetic_cases() {
+        s.tensor_plan().unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn synthetic_models_give_the_cpu_logits() {
+    let Some(gpu) = gpu("synthetic_models_give_the_cpu_logits") else {
+        return;
+    };
+    let cpu = strata_backend_cpu::device(Default::default()).expect("cpu device");
+    let mut failures = Vec::new();
+    for (name, s) in synthetic_cases() {
+        let bytes = synthesize(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let gguf = Arc::new(GgufFile::from_bytes(bytes).expect("gguf"));
+        failures.extend(compare(name, gguf, &cpu, &gpu));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn smollm2_gives_the_cpu_logits() {
+    let Some(gpu) = gpu("smollm2_gives_the_cpu_logits") else {
+        return;
+    };
+    let Some(path) = smollm2_path() else {
+        eprintln!(
+            "smollm2_gives_the_cpu_logits: SmolLM2 GGUF not found (run ci/fetch-models.sh); skipping"
+        );
+        return;
+    };
+    let cpu = strata_backend_cpu::device(Default::default()).expect("cpu device");
+    let gguf = Arc::new(GgufFile::open(&path).expect("open SmolLM2"));
+    if let Some(f) = compare("SmolLM2-135M-Instruct Q4_1", gguf, &cpu, &gpu) {
+        panic!("{f}");
+    }
+}

@@ -1,0 +1,320 @@
+//! mul_mat, mul_mat_experts and embed_rows for every weight format, CUDA against the CPU.
+//!
+//! Tolerance of the products: |Δ| ≤ 1e-5 · Σ|w·x| per output. Both devices quantise the
+//! activations identically (ggml's reference quantisers, bit for bit) and sum each block
+//! in integers, so they differ only in the order of f32 operations (~1e-7 of Σ|w·x|); one
+//! activation quant off by one would already show as ~1/(127·k) of it.
+
+use strata_core::{Args, Device, KernelId, LaunchCfg};
+use strata_quant::QuantType;
+
+use super::{Report, Rng, download, launch, ops_cfg, pair, upload};
+
+/// Every weight format the ABI names.
+pub const FORMATS: [QuantType; 21] = {
+    use QuantType::*;
+    [
+        F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS,
+        IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4,
+    ]
+};
+
+const TOL: f64 = 1e-5;
+
+fn is_float(ty: QuantType) -> bool {
+    matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16)
+}
+
+/// Byte offsets of the f16 scales in one block (ggml-common.h), which random bytes would
+/// make NaN or huge; every other byte of a block may be anything.
+fn f16_scale_offsets(ty: QuantType) -> &'static [usize] {
+    use QuantType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// `rows` random rows of `cols` values of `ty`, with sane scales.
+pub fn random_weights(ty: QuantType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        QuantType::F32 => {
+            return rng
+                .vec(n, 1.0)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+        }
+        QuantType::F16 => {
+            return rng
+                .vec(n, 1.0)
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect();
+        }
+        QuantType::BF16 => {
+            return rng
+                .vec(n, 1.0)
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect();
+        }
+        _ => {}
+    }
+    let bytes = ty.row_bytes(cols).expect("whole blocks") * rows;
+    let mut w: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
+    for block in w.chunks_exact_mut(ty.type_size()) {
+        if ty == QuantType::MXFP4 {
+            block[0] = 118 + rng.below(8) as u8; // E8M0 exponent: scales 2^-9 .. 2^-2
+        }
+        for &o in f16_scale_offsets(ty) {
+            let d = half::f16::from_f32(0.002 + 0.02 * (rng.f32() + 1.0));
+            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Σ_j |w_rj · x_tj| for every output (t, r): the scale of the products' rounding.
+fn magnitudes(ty: QuantType, w: &[u8], m: usize, k: usize, x: &[f32]) -> Vec<f64> {
+    let rb = ty.row_bytes(k).unwrap();
+    let rows: Vec<Vec<f32>> = (0..m)
+        .map(|r| {
+            let mut row = vec![0.0f32; k];
+            strata_quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut row).unwrap();
+            row
+        })
+        .collect();
+    let mut mag = Vec::new();
+    for xr in x.chunks_exact(k.max(1)) {
+        for row in &rows {
+            mag.push(
+                row.iter()
+                    .zip(xr)
+                    .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                    .sum::<f64>()
+                    + 1e-6,
+            );
+        }
+    }
+    mag
+}
+
+/// y = x · wᵀ with the weights starting `w_off` bytes into their buffer.
+#[allow(clippy::too_many_arguments)]
+fn mul_mat(
+    d: &Device,
+    ty: QuantType,
+    w: &[u8],
+    w_off: usize,
+    x: &[f32],
+    (m, k, n): (usize, usize, usize),
+    cfg: &LaunchCfg,
+) -> Vec<f32> {
+    let mut padded = vec![0xA5u8; w_off];
+    padded.extend_from_slice(w);
+    let (bw, bx) = (upload(d, &padded), upload(d, x));
+    let by = d.alloc::<f32>(n * m).unwrap();
+    let args = Args::new()
+        .read_at(&bw, w_off)
+        .read(&bx)
+        .write(&by)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n as u32);
+    launch(d, KernelId::MulMat, cfg, &args);
+    download(d, &by)
+}
+
+/// Activations with the corner cases of the quantisers in their first rows: a Q8_K block
+/// whose largest magnitude occurs twice with opposite signs (the first wins), and an
+/// all-zero block.
+fn activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+    let mut x = rng.vec(n * k, 2.0);
+    if n >= 2 && k >= 512 {
+        x[5] = -2.5;
+        x[9] = 2.5;
+        x[k + 256..k + 512].fill(0.0);
+    }
+    x
+}
+
+#[test]
+fn mul_mat_matches_the_cpu_for_every_format() {
+    let Some(p) = pair("mul_mat_matches_the_cpu_for_every_format") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(10);
+    for ty in FORMATS {
+        let mut shapes = vec![
+            (37usize, 512usize, 1usize), // decode, fewer rows than a unit takes
+            (300, 512, 1),
+            (64, 512, 3),
+            (45, 512, 17),   // three token tiles, the last of one row
+            (16, 20_480, 1), // a row longer than the staged activations
+            (16, 20_480, 9),
+        ];
+        if is_float(ty) {
+            shapes.push((7, 100, 3)); // rows that are no whole number of vectors
+            shapes.push((5, 33, 1));
+        }
+        for (si, &(m, k, n)) in shapes.iter().enumerate() {
+            let w = random_weights(ty, m, k, &mut rng);
+            let x = activations(&mut rng, n, k);
+            // An offset that breaks 16-byte alignment (F32 keeps its 4-byte alignment).
+            let w_off = if si == 2 {
+                if is_float(ty) { 4 } else { 2 }
+            } else {
+                0
+            };
+            let cpu = mul_mat(&p.cpu, ty, &w, w_off, &x, (m, k, n), &ops_cfg(n * m));
+            let gpu = mul_mat(&p.gpu, ty, &w, w_off, &x, (m, k, n), &ops_cfg(n * m));
+            let mag = magnitudes(ty, &w, m, k, &x);
+            let what = format!(
+                "mul_mat {ty:?} {m}x{k} n={n}{}",
+                if w_off > 0 { " (offset)" } else { "" }
+            );
+            rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
+            if si == 3 {
+                // Any launch shape gives the same numbers: few blocks of 4 warps (each
+                // takes many units), or more blocks than units.
+                for cfg in [
+                    LaunchCfg {
+                        grid: [3, 1, 1],
+                        block: [128, 1, 1],
+                        shared_bytes: 0,
+                    },
+                    LaunchCfg {
+                        grid: [4096, 1, 1],
+                        block: [256, 1, 1],
+                        shared_bytes: 0,
+                    },
+                    LaunchCfg {
+                        grid: [1, 1, 1],
+                        block: [384, 1, 1],
+                        shared_bytes: 0,
+                    },
+                ] {
+                    let alt = mul_mat(&p.gpu, ty, &w, w_off, &x, (m, k, n), &cfg);
+                    rep.exact(
+                        &format!("{what} grid {} block {}", cfg.grid[0], cfg.block[0]),
+                        &alt,
+                        &gpu,
+                    );
+                }
+            }
+        }
+    }
+    rep.finish();
+}
+
+#[test]
+fn mul_mat_experts_matches_the_cpu_for_every_format() {
+    let Some(p) = pair("mul_mat_experts_matches_the_cpu_for_every_format") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(11);
+    let n_expert = 5usize;
+    for ty in FORMATS {
+        for (m, k, n_tokens, n_used, per_slot) in [
+            (40usize, 512usize, 3usize, 2usize, false),
+            (40, 512, 3, 2, true),
+            (24, 256, 9, 4, false),
+            (17, 1024, 1, 8, true),
+        ] {
+            let matrix = ty.row_bytes(k).unwrap() * m;
+            let expert_bytes = matrix + 32; // experts need not be back to back
+            let mut w = Vec::with_capacity(n_expert * expert_bytes);
+            for _ in 0..n_expert {
+                w.extend(random_weights(ty, m, k, &mut rng));
+                w.extend(std::iter::repeat_n(0xEEu8, 32));
+            }
+            let ids: Vec<i32> = (0..n_tokens * n_used)
+                .map(|_| rng.below(n_expert) as i32)
+                .collect();
+            let x_rows = if per_slot {
+                n_tokens * n_used
+            } else {
+                n_tokens
+            };
+            let x = activations(&mut rng, x_rows, k);
+            let run = |d: &Device| {
+                let (bw, bx, bi) = (upload(d, &w), upload(d, &x), upload(d, &ids));
+                let by = d.alloc::<f32>(n_tokens * n_used * m).unwrap();
+                let args = Args::new()
+                    .read(&bw)
+                    .read(&bx)
+                    .read(&bi)
+                    .write(&by)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(n_tokens as u32)
+                    .u32(n_used as u32)
+                    .u32(per_slot as u32)
+                    .u64(expert_bytes as u64);
+                launch(
+                    d,
+                    KernelId::MulMatExperts,
+                    &ops_cfg(n_tokens * n_used * m),
+                    &args,
+                );
+                download(d, &by)
+            };
+            let (cpu, gpu) = (run(&p.cpu), run(&p.gpu));
+            // The scale of output (t, j, r): expert ids[t][j]'s row r against x'.
+            let mut mag = Vec::with_capacity(cpu.len());
+            for (s, &e) in ids.iter().enumerate() {
+                let e = e as usize;
+                let xr = if per_slot { s } else { s / n_used };
+                let we = &w[e * expert_bytes..e * expert_bytes + matrix];
+                mag.extend(magnitudes(ty, we, m, k, &x[xr * k..(xr + 1) * k]));
+            }
+            rep.close(
+                &format!("mul_mat_experts {ty:?} {m}x{k} tokens {n_tokens} used {n_used} per_slot {per_slot}"),
+                &gpu,
+                &cpu,
+                TOL,
+                |i| mag[i],
+            );
+        }
+    }
+    rep.finish();
+}
+
+#[test]
+fn embed_rows_is_bit_exact_for_every_format() {
+    let Some(p) = pair("embed_rows_is_bit_exact_for_every_format") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(12);
+    for ty in FORMATS {
+        let (rows, dim) = (10usize, 512usize);
+        let table = random_weights(ty, rows, dim, &mut rng);
+        let ids: Vec<u32> = vec![3, 0, 9, 3, 7];
+        let run = |d: &Device| {
+            let (bt, bi) = (upload(d, &table), upload(d, &ids));
+            let out = d.alloc::<f32>(ids.len() * dim).unwrap();
+            let args = Args::new()
+                .read(&bt)
+                .read(&bi)
+                .write(&out)
+                .u32(ty.id())
+                .u32(dim as u32)
+                .u32(ids.len() as u32);
+            launch(d, KernelId::EmbedRows, &ops_cfg(ids.len() * dim), &args);
+            download(d, &out)
+        };
+        rep.exact(&format!("embed_rows {ty:?}"), &run(&p.gpu), &run(&p.cpu));
+    }
+    rep.finish();
+}

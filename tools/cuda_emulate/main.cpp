@@ -1,0 +1,389 @@
+// Runs every kernel of kernels-cuda/model.cu on the CPU under a small SIMT emulator (emu.h:
+// one std::thread per GPU thread, real barriers for __syncthreads and warp shuffles) and
+// checks it against plain host references: products against the f64 product of the
+// dequantised weights and the kernel's quantised activations, embed_rows bit for bit
+// against the (gguf-checked, tools/cuda_host_check.py) dequantisation, the rest against
+// their definitions. Catches indexing, synchronisation and launch-shape bugs (a missed
+// barrier deadlocks and is reported) before a GPU is used. Slow: minutes for `mm`.
+//
+//   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
+//       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm [FORMAT,FORMAT...]]
+#include "emu.h"
+#include "model.cu"
+#include <random>
+#include <string>
+#include <functional>
+
+static std::mt19937_64 rng(42);
+static float urand(float s) { return (float)((rng() >> 40) / double(1ull << 24) * 2.0 - 1.0) * s; }
+static int fails = 0;
+static std::string fmt_only;
+
+static void report(const std::string& what, double worst, double tol) {
+    bool ok = worst <= tol && !std::isnan(worst);
+    if (!ok) fails++;
+    printf("%-60s worst %.3e tol %.1e %s\n", what.c_str(), worst, tol, ok ? "" : "FAILED");
+}
+
+struct Fmt { int id; int qk; int bytes; int act; const char* name; };
+static const Fmt FORMATS[] = {
+    {T_F32, 1, 4, -1, "F32"}, {T_F16, 1, 2, -2, "F16"}, {T_BF16, 1, 2, -3, "BF16"},
+    {T_Q4_0, 32, 18, ACT_Q8_0, "Q4_0"}, {T_Q4_1, 32, 20, ACT_Q8_1, "Q4_1"},
+    {T_Q5_0, 32, 22, ACT_Q8_0, "Q5_0"}, {T_Q5_1, 32, 24, ACT_Q8_1, "Q5_1"},
+    {T_Q8_0, 32, 34, ACT_Q8_0, "Q8_0"}, {T_Q2_K, 256, 84, ACT_Q8_K, "Q2_K"},
+    {T_Q3_K, 256, 110, ACT_Q8_K, "Q3_K"}, {T_Q4_K, 256, 144, ACT_Q8_K, "Q4_K"},
+    {T_Q5_K, 256, 176, ACT_Q8_K, "Q5_K"}, {T_Q6_K, 256, 210, ACT_Q8_K, "Q6_K"},
+    {T_IQ2_XXS, 256, 66, ACT_Q8_K, "IQ2_XXS"}, {T_IQ2_XS, 256, 74, ACT_Q8_K, "IQ2_XS"},
+    {T_IQ2_S, 256, 82, ACT_Q8_K, "IQ2_S"}, {T_IQ3_XXS, 256, 98, ACT_Q8_K, "IQ3_XXS"},
+    {T_IQ3_S, 256, 110, ACT_Q8_K, "IQ3_S"}, {T_IQ4_NL, 32, 18, ACT_Q8_0, "IQ4_NL"},
+    {T_IQ4_XS, 256, 136, ACT_Q8_K, "IQ4_XS"}, {T_MXFP4, 32, 17, ACT_Q8_0, "MXFP4"},
+};
+
+static std::vector<int> f16_offsets(int id) {
+    switch (id) {
+        case T_Q4_0: case T_Q5_0: case T_Q8_0: case T_IQ4_NL: case T_IQ2_XXS: case T_IQ2_XS:
+        case T_IQ2_S: case T_IQ3_XXS: case T_IQ3_S: case T_IQ4_XS: return {0};
+        case T_Q4_1: case T_Q5_1: case T_Q4_K: case T_Q5_K: return {0, 2};
+        case T_Q2_K: return {80, 82};
+        case T_Q3_K: return {108};
+        case T_Q6_K: return {208};
+        default: return {};
+    }
+}
+
+static std::vector<uint8_t> random_weights(const Fmt& f, int rows, int k) {
+    std::vector<uint8_t> w;
+    if (f.qk == 1) {
+        for (int i = 0; i < rows * k; i++) {
+            float v = urand(1.0f);
+            if (f.id == T_F32) { uint8_t b[4]; memcpy(b, &v, 4); w.insert(w.end(), b, b + 4); }
+            else { uint16_t h = f.id == T_F16 ? f32_to_f16(v) : f32_to_bf16(v); w.push_back(h & 255); w.push_back(h >> 8); }
+        }
+        return w;
+    }
+    size_t nb = (size_t)rows * k / f.qk;
+    w.resize(nb * f.bytes);
+    for (auto& b : w) b = rng() & 255;
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t* blk = &w[i * f.bytes];
+        if (f.id == T_MXFP4) blk[0] = 118 + rng() % 8;
+        for (int o : f16_offsets(f.id)) { uint16_t h = f32_to_f16(0.002f + 0.02f * (urand(1) + 1)); blk[o] = h & 255; blk[o + 1] = h >> 8; }
+    }
+    return w;
+}
+
+// Dequantised row r (host call of the verified decode).
+static std::vector<float> deq_row(const Fmt& f, const uint8_t* w, int k) {
+    std::vector<float> out(k);
+    if (f.qk == 1) {
+        for (int i = 0; i < k; i++) out[i] = f.id == T_F32 ? ((const float*)w)[i] : f.id == T_F16 ? f16_to_f32(((const uint16_t*)w)[i]) : bf16_to_f32(((const uint16_t*)w)[i]);
+        return out;
+    }
+    for (int j = 0; j < k / 32; j++) {
+        Sub s;
+        switch (f.id) {
+#define C(id, F) case id: F::decode(w + (j / (F::QK / 32)) * F::BYTES, j % (F::QK / 32), s); dequant_sub<F>(s, &out[32 * j]); break;
+            QUANT_FORMATS(C)
+#undef C
+        }
+    }
+    return out;
+}
+
+// The activation as the kernel sees it (quantised and back), and for Q8_1 per-32 s - d·Σq.
+static std::vector<double> act_ref(const Fmt& f, const float* x, int k, std::vector<double>& s_corr) {
+    std::vector<double> a(k);
+    s_corr.assign(k / 32 + 1, 0.0);
+    if (f.act == -1) { for (int i = 0; i < k; i++) a[i] = x[i]; return a; }
+    if (f.act == -2) { for (int i = 0; i < k; i++) a[i] = round_to_f16(x[i]); return a; }
+    if (f.act == -3) { for (int i = 0; i < k; i++) a[i] = round_to_bf16(x[i]); return a; }
+    if (f.act == ACT_Q8_K) {
+        for (int b = 0; b < k; b += 256) {
+            float amax = 0, vmax = 0;
+            for (int j = 0; j < 256; j++) if (fabsf(x[b + j]) > amax) { amax = fabsf(x[b + j]); vmax = x[b + j]; }
+            if (amax == 0) { for (int j = 0; j < 256; j++) a[b + j] = 0; continue; }
+            float is = -127.0f / vmax, d = 1.0f / is;
+            for (int j = 0; j < 256; j++) a[b + j] = (double)std::min(__float2int_rn(is * x[b + j]), 127) * d;
+        }
+        return a;
+    }
+    for (int b = 0; b < k; b += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
+        float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f, dr = round_to_f16(d);
+        int sum = 0;
+        for (int j = 0; j < 32; j++) { int q = (int)roundf(x[b + j] * id); a[b + j] = (double)q * dr; sum += q; }
+        s_corr[b / 32] = (double)round_to_f16((float)sum * d) - (double)sum * dr;
+    }
+    return a;
+}
+
+static bool has_offset(int id) { return id == T_Q4_1 || id == T_Q5_1; }
+static float block_m(const Fmt& f, const uint8_t* blk) { return f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)); }
+
+// Reference y[t][r] and its scale Σ|w·x|.
+static void mm_ref(const Fmt& f, const uint8_t* w, size_t row_bytes, const float* x, int m, int k, int n, std::vector<double>& y, std::vector<double>& mag) {
+    y.assign((size_t)n * m, 0); mag.assign((size_t)n * m, 0);
+    for (int t = 0; t < n; t++) {
+        std::vector<double> sc;
+        auto a = act_ref(f, x + (size_t)t * k, k, sc);
+        for (int r = 0; r < m; r++) {
+            auto wr = deq_row(f, w + r * row_bytes, k);
+            double s = 0, g = 0;
+            for (int i = 0; i < k; i++) { s += wr[i] * a[i]; g += fabs(wr[i] * x[(size_t)t * k + i]); }
+            if (has_offset(f.id)) for (int j = 0; j < k / 32; j++) s += block_m(f, w + r * row_bytes + j * f.bytes) * sc[j];
+            y[(size_t)t * m + r] = s; mag[(size_t)t * m + r] = g + 1e-6;
+        }
+    }
+}
+
+static double worst_rel(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& scale) {
+    double w = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        double e = fabs((double)got[i] - want[i]) / scale[i];
+        if (std::isnan(e) || !std::isfinite(got[i])) return NAN;
+        w = std::max(w, e);
+    }
+    return w;
+}
+
+static void test_mul_mat() {
+    struct Shape { int m, k, n; };
+    for (const Fmt& f : FORMATS) {
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        std::vector<Shape> shapes = {{37, 512, 1}, {45, 512, 17}, {16, 20480, 1}, {16, 20480, 9}};
+        if (f.qk == 1) { shapes.push_back({7, 100, 3}); shapes.push_back({5, 33, 1}); }
+        for (auto [m, k, n] : shapes) {
+            auto w = random_weights(f, m, k);
+            std::vector<float> x((size_t)n * k);
+            for (auto& v : x) v = urand(2.0f);
+            if (n >= 2 && k >= 512) { x[5] = -2.5f; x[9] = 2.5f; std::fill(x.begin() + k + 256, x.begin() + k + 512, 0.0f); }
+            size_t rb = f.qk == 1 ? (size_t)k * f.bytes : (size_t)(k / f.qk) * f.bytes;
+            // weights at an offset that breaks 16-byte alignment
+            size_t off = f.qk == 1 ? 4 : 2;
+            std::vector<uint8_t> buf(off + w.size() + 32, 0xA5);
+            memcpy(buf.data() + off, w.data(), w.size());
+            std::vector<double> y, mag;
+            mm_ref(f, w.data(), rb, x.data(), m, k, n, y, mag);
+            std::vector<float> out0;
+            struct Cfg { unsigned g, b; } cfgs[] = {{ops_grid((uint64_t)n * m), 256}, {3, 128}, {1, 384}};
+            for (auto c : cfgs) {
+                std::vector<float> out((size_t)n * m, -1.0f);
+                launch(c.g, c.b, [&] { mul_mat(buf.data() + off, x.data(), out.data(), f.id, m, k, n); });
+                char what[160];
+                snprintf(what, sizeof what, "mul_mat %s %dx%d n=%d grid %u block %u", f.name, m, k, n, c.g, c.b);
+                report(what, worst_rel(out, y, mag), 1e-5);
+                if (out0.empty()) out0 = out;
+                else if (memcmp(out0.data(), out.data(), out.size() * 4) != 0) { printf("  not bit-equal across shapes FAILED\n"); fails++; }
+            }
+        }
+    }
+}
+
+static void test_experts() {
+    for (const Fmt& f : FORMATS) {
+        int m = 24, k = 512, n_tokens = 3, n_used = 2, n_exp = 5;
+        for (int per_slot = 0; per_slot < 2; per_slot++) {
+            size_t rb = f.qk == 1 ? (size_t)k * f.bytes : (size_t)(k / f.qk) * f.bytes;
+            size_t eb = rb * m + 32;
+            std::vector<uint8_t> w;
+            for (int e = 0; e < n_exp; e++) { auto we = random_weights(f, m, k); w.insert(w.end(), we.begin(), we.end()); w.insert(w.end(), 32, 0xEE); }
+            std::vector<int32_t> ids(n_tokens * n_used);
+            for (auto& i : ids) i = rng() % n_exp;
+            int xr = per_slot ? n_tokens * n_used : n_tokens;
+            std::vector<float> x((size_t)xr * k);
+            for (auto& v : x) v = urand(2.0f);
+            std::vector<float> out((size_t)n_tokens * n_used * m);
+            launch(ops_grid(out.size()), 256, [&] { mul_mat_experts(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+            std::vector<double> yall, magall;
+            for (int s = 0; s < n_tokens * n_used; s++) {
+                std::vector<double> y, mag;
+                int row = per_slot ? s : s / n_used;
+                mm_ref(f, w.data() + ids[s] * eb, rb, x.data() + (size_t)row * k, m, k, 1, y, mag);
+                yall.insert(yall.end(), y.begin(), y.end()); magall.insert(magall.end(), mag.begin(), mag.end());
+            }
+            char what[160];
+            snprintf(what, sizeof what, "mul_mat_experts %s per_slot %d", f.name, per_slot);
+            report(what, worst_rel(out, yall, magall), 1e-5);
+        }
+    }
+}
+
+static void test_embed() {
+    for (const Fmt& f : FORMATS) {
+        int rows = 10, dim = 512;
+        auto t = random_weights(f, rows, dim);
+        size_t rb = f.qk == 1 ? (size_t)dim * f.bytes : (size_t)(dim / f.qk) * f.bytes;
+        std::vector<uint32_t> ids = {3, 0, 9, 3, 7};
+        std::vector<float> out(ids.size() * dim);
+        launch(ops_grid(out.size()), 256, [&] { embed_rows(t.data(), ids.data(), out.data(), f.id, dim, ids.size()); });
+        double worst = 0;
+        for (size_t i = 0; i < ids.size(); i++) {
+            auto r = deq_row(f, t.data() + ids[i] * rb, dim);
+            for (int j = 0; j < dim; j++) if (memcmp(&r[j], &out[i * dim + j], 4) != 0) worst = 1;
+        }
+        report(std::string("embed_rows ") + f.name + " (bit-exact)", worst, 0);
+    }
+}
+
+static void test_small_ops() {
+    // rms_norm
+    for (auto [rows, dim] : std::vector<std::pair<int, int>>{{1, 576}, {7, 4096}, {120, 64}, {3, 100}, {2, 13}}) {
+        std::vector<float> x(rows * dim), w(dim), y(rows * dim);
+        for (auto& v : x) v = urand(3); for (auto& v : w) v = urand(1.5);
+        launch(ops_grid(rows * dim), 256, [&] { rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f); });
+        double worst = 0;
+        for (int r = 0; r < rows; r++) {
+            double s = 0; for (int i = 0; i < dim; i++) s += (double)x[r * dim + i] * x[r * dim + i];
+            double sc = 1 / sqrt(s / dim + 1e-6);
+            for (int i = 0; i < dim; i++) worst = std::max(worst, fabs(y[r * dim + i] - x[r * dim + i] * sc * w[i]) / std::max(1e-6, fabs(x[r * dim + i] * sc * w[i])));
+        }
+        report("rms_norm " + std::to_string(rows) + "x" + std::to_string(dim), worst, 1e-5);
+    }
+    // add, swiglu, add_rows, sigmoid_gate_add, moe_combine, kv_store
+    {
+        int n = 1000;
+        std::vector<float> a(n), b(n), y(n);
+        for (auto& v : a) v = urand(4); for (auto& v : b) v = urand(4);
+        launch(ops_grid(n), 256, [&] { add(a.data(), b.data(), y.data(), n); });
+        double w1 = 0; for (int i = 0; i < n; i++) w1 = std::max(w1, (double)fabsf(y[i] - (a[i] + b[i])));
+        report("add", w1, 0);
+        launch(ops_grid(n), 256, [&] { swiglu(a.data(), b.data(), y.data(), n); });
+        double w2 = 0; for (int i = 0; i < n; i++) { double r = a[i] / (1 + exp(-(double)a[i])) * b[i]; w2 = std::max(w2, fabs(y[i] - r) / std::max(1e-6, fabs(r))); }
+        report("swiglu", w2, 1e-6);
+        int rows = 30, dim = 37;
+        std::vector<float> x(rows * dim), x0, bb(dim), g(rows), o(rows * dim), o0;
+        for (auto& v : x) v = urand(2); for (auto& v : bb) v = urand(2); for (auto& v : g) v = urand(3); for (auto& v : o) v = urand(2);
+        g[3] = 0.0f;
+        x0 = x; o0 = o;
+        launch(ops_grid(rows * dim), 256, [&] { add_rows(x.data(), bb.data(), rows, dim); });
+        double w3 = 0; for (int i = 0; i < rows * dim; i++) w3 = std::max(w3, (double)fabsf(x[i] - (x0[i] + bb[i % dim])));
+        report("add_rows", w3, 0);
+        launch(ops_grid(rows * dim), 256, [&] { sigmoid_gate_add(x0.data(), g.data(), o.data(), rows, dim); });
+        double w4 = 0; for (int i = 0; i < rows * dim; i++) { double r = o0[i] + x0[i] / (1 + exp(-(double)g[i / dim])); w4 = std::max(w4, fabs(o[i] - r)); }
+        report("sigmoid_gate_add", w4, 1e-5);
+        int nt = 5, nu = 3, m = 40;
+        std::vector<float> yy(nt * nu * m), ww(nt * nu), out(nt * m);
+        for (auto& v : yy) v = urand(2); for (auto& v : ww) v = urand(1);
+        launch(ops_grid(nt * m), 256, [&] { moe_combine(yy.data(), ww.data(), out.data(), nt, nu, m); });
+        double w5 = 0;
+        for (int t = 0; t < nt; t++) for (int i = 0; i < m; i++) { double r = 0; for (int j = 0; j < nu; j++) r += (double)ww[t * nu + j] * yy[(t * nu + j) * m + i]; w5 = std::max(w5, fabs(out[t * m + i] - r)); }
+        report("moe_combine", w5, 1e-5);
+        int kvd = 64, p0 = 3, ntk = 4;
+        std::vector<float> kk(ntk * kvd), vv(ntk * kvd);
+        for (auto& v : kk) v = urand(2); for (auto& v : vv) v = urand(2);
+        std::vector<uint16_t> kc(10 * kvd, 7), vc(10 * kvd, 7);
+        launch(ops_grid(ntk * kvd), 256, [&] { kv_store(kk.data(), vv.data(), kc.data(), vc.data(), kvd, p0, ntk); });
+        double w6 = 0;
+        for (int i = 0; i < 10 * kvd; i++) {
+            bool in = i >= p0 * kvd && i < (p0 + ntk) * kvd;
+            uint16_t ek = in ? f32_to_f16(kk[i - p0 * kvd]) : 7, ev = in ? f32_to_f16(vv[i - p0 * kvd]) : 7;
+            if (kc[i] != ek || vc[i] != ev) w6 = 1;
+        }
+        report("kv_store", w6, 0);
+    }
+}
+
+static void test_rope() {
+    int nt = 6, nh = 4, hd = 64;
+    std::vector<int32_t> pos = {0, 1, 17, 511, 4095, 30000};
+    struct C { unsigned mode; int nrot; float fs, ef, af; } cases[] = {{0, 64, 1, 0, 1}, {2, 64, 1, 0, 1}, {2, 32, 1, 0, 1}, {0, 48, 0.25f, 1, 1}, {2, 64, 0.5f, 0.5f, 0.9f}};
+    for (auto c : cases) {
+        std::vector<float> x(nt * nh * hd);
+        for (auto& v : x) v = urand(2);
+        auto x0 = x;
+        launch(ops_grid(x.size()), 256, [&] { rope(x.data(), pos.data(), nt, nh, hd, c.nrot, c.mode, 10000.0f, c.fs, c.ef, c.af, 32.0f, 1.0f, 4096); });
+        // Reference: the same definition in double (YaRN as ggml's rope_yarn).
+        auto corr = [&](float beta) { return c.nrot * log(4096.0 / (beta * 2 * M_PI)) / (2 * log(10000.0)); };
+        double lo = std::max(0.0, floor(corr(32))), hi = std::min(c.nrot - 1.0, ceil(corr(1)));
+        double worst = 0;
+        for (int t = 0; t < nt; t++) for (int h = 0; h < nh; h++) for (int i = 0; i < c.nrot / 2; i++) {
+            double te = pos[t] * pow(10000.0, -2.0 * i / c.nrot), ti = c.fs * te, th = ti, ms = c.af;
+            if (c.ef != 0) { double y = (i - lo) / std::max(0.001, hi - lo); double ramp = (1 - std::min(1.0, std::max(0.0, y))) * c.ef; th = ti * (1 - ramp) + te * ramp; ms *= 1 + 0.1 * log(1.0 / c.fs); }
+            int a = c.mode == 2 ? i : 2 * i, b = c.mode == 2 ? i + c.nrot / 2 : 2 * i + 1;
+            const float* s = &x0[(t * nh + h) * hd];
+            double r0 = s[a] * cos(th) * ms - s[b] * sin(th) * ms, r1 = s[a] * sin(th) * ms + s[b] * cos(th) * ms;
+            const float* g = &x[(t * nh + h) * hd];
+            worst = std::max({worst, fabs(g[a] - r0), fabs(g[b] - r1)});
+        }
+        for (int t = 0; t < nt; t++) for (int h = 0; h < nh; h++) for (int d = c.nrot; d < hd; d++) if (x[(t * nh + h) * hd + d] != x0[(t * nh + h) * hd + d]) worst = 1;
+        char what[120]; snprintf(what, sizeof what, "rope mode %u n_rot %d fs %g ef %g", c.mode, c.nrot, c.fs, c.ef);
+        // f32 angles of positions up to 30000 (theta built by repeated multiplication)
+        report(what, worst, 2e-2);
+    }
+}
+
+static void test_attention() {
+    struct C { int nt, nh, nkv, hd, pos0; } cases[] = {{1, 9, 3, 64, 0}, {1, 8, 2, 128, 700}, {1, 2, 2, 64, 4200}, {20, 8, 2, 64, 0}, {7, 6, 1, 96, 37}, {3, 4, 2, 6, 5}};
+    for (auto c : cases) {
+        int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
+        std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
+        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(1);
+        std::vector<uint16_t> kc(ctx * kvd), vc(ctx * kvd);
+        for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
+        std::vector<float> out(c.nt * c.nh * c.hd);
+        float scale = 1.0f / sqrtf((float)c.hd);
+        launch(ops_grid(c.nt * c.nh), 256, [&] { attention(q.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, c.pos0, scale); });
+        auto out1 = out;
+        launch(c.nt * c.nh, 128, [&] { attention(q.data(), kc.data(), vc.data(), out1.data(), c.nt, c.nh, c.nkv, c.hd, c.pos0, scale); });
+        double worst = 0;
+        int g = c.nh / c.nkv;
+        for (int t = 0; t < c.nt; t++) for (int h = 0; h < c.nh; h++) {
+            int span = c.pos0 + t + 1, off = (h / g) * c.hd;
+            std::vector<double> s(span);
+            double mx = -1e300;
+            for (int j = 0; j < span; j++) { double d = 0; for (int i = 0; i < c.hd; i++) d += (double)round_to_f16(q[(t * c.nh + h) * c.hd + i]) * f16_to_f32(kc[j * kvd + off + i]); s[j] = d * scale; mx = std::max(mx, s[j]); }
+            double sum = 0; for (auto& x : s) { x = exp(x - mx); sum += x; }
+            for (int i = 0; i < c.hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * f16_to_f32(vc[j * kvd + off + i]); worst = std::max(worst, fabs(out[(t * c.nh + h) * c.hd + i] - o)); }
+        }
+        char what[120]; snprintf(what, sizeof what, "attention t=%d heads %d/%d hd=%d pos0=%d", c.nt, c.nh, c.nkv, c.hd, c.pos0);
+        report(what, worst, 2e-3);
+        double d2 = 0; for (size_t i = 0; i < out.size(); i++) d2 = std::max(d2, (double)fabsf(out[i] - out1[i]));
+        report(std::string(what) + " block 128 vs 256", d2, 1e-6);
+    }
+}
+
+static void test_router() {
+    struct C { int nt, ne, k, norm, ties; } cases[] = {{1, 8, 2, 1, 0}, {7, 60, 4, 0, 0}, {33, 128, 8, 1, 0}, {5, 512, 10, 1, 0}, {9, 64, 6, 1, 1}, {3, 16, 16, 0, 1}};
+    for (auto c : cases) {
+        std::vector<float> l(c.nt * c.ne);
+        for (auto& v : l) v = c.ties ? (float)(rng() % 5) * 0.5f : urand(6);
+        std::vector<int32_t> ids(c.nt * c.k);
+        std::vector<float> w(c.nt * c.k);
+        launch(ops_grid(c.nt), 256, [&] { router_topk(l.data(), ids.data(), w.data(), c.nt, c.ne, c.k, c.norm); });
+        double worst = 0; int bad_ids = 0;
+        for (int t = 0; t < c.nt; t++) {
+            const float* r = &l[t * c.ne];
+            double mx = *std::max_element(r, r + c.ne), s = 0;
+            std::vector<double> p(c.ne);
+            for (int e = 0; e < c.ne; e++) { p[e] = exp(r[e] - mx); s += p[e]; }
+            for (auto& v : p) v /= s;
+            std::vector<int> ord(c.ne);
+            for (int e = 0; e < c.ne; e++) ord[e] = e;
+            std::stable_sort(ord.begin(), ord.end(), [&](int a, int b) { return r[a] > r[b]; });
+            double ws = 0; for (int j = 0; j < c.k; j++) ws += p[ord[j]];
+            for (int j = 0; j < c.k; j++) {
+                if (ids[t * c.k + j] != ord[j]) bad_ids++;
+                double want = p[ord[j]] / (c.norm ? ws : 1.0);
+                worst = std::max(worst, fabs(w[t * c.k + j] - want) / want);
+            }
+        }
+        char what[120]; snprintf(what, sizeof what, "router_topk %dx%d k=%d norm=%d ties=%d (%d ids differ)", c.nt, c.ne, c.k, c.norm, c.ties, bad_ids);
+        report(what, bad_ids ? 1.0 : worst, 1e-5);
+    }
+}
+
+int main(int argc, char** argv) {
+    std::string only = argc > 1 ? argv[1] : "";
+    if (argc > 2) fmt_only = std::string(",") + argv[2] + ",";
+    if (only.empty() || only == "small") test_small_ops();
+    if (only.empty() || only == "rope") test_rope();
+    if (only.empty() || only == "router") test_router();
+    if (only.empty() || only == "embed") test_embed();
+    if (only.empty() || only == "attention") test_attention();
+    if (only.empty() || only == "experts") test_experts();
+    if (only.empty() || only == "mm") test_mul_mat();
+    printf("%d failed\n", fails);
+    return fails != 0;
+}
