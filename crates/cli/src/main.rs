@@ -32,6 +32,8 @@ enum Command {
     Tokenize(commands::tokenize::Args),
     /// Render a conversation through the model's chat template.
     Template(commands::template::Args),
+    /// An OpenAI-compatible HTTP server (chat completions, completions, models).
+    Serve(commands::serve::Args),
     /// Write a random-weight GGUF model of a given architecture, shape and format.
     Synth(commands::synth::Args),
 }
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(args) => commands::tokenize::run(args),
         Command::Template(args) => commands::template::run(args),
         Command::Synth(args) => commands::synth::run(args),
+        Command::Serve(args) => commands::serve::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

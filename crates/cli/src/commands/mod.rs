@@ -6,6 +6,7 @@ pub mod common;
 pub mod devices;
 pub mod info;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod template;
 pub mod tokenize;

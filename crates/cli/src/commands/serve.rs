@@ -1,0 +1,114 @@
+//! `strata serve`: an OpenAI-compatible HTTP server (crates/server). It listens first, so
+//! /health answers 503 while the model loads, then 200.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
+
+use super::common::{self, ModelArgs, SamplingArgs};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling for the fields a request leaves out.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Address to listen on (loopback only unless asked).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free one; the chosen one is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <key>` (default: $STRATA_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Conversations kept with their K/V so that a follow-up only reads what is new.
+    #[arg(long, default_value_t = 4)]
+    pub park_slots: usize,
+    /// The model name clients give (default: the file name without .gguf).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Most bytes of a request body.
+    #[arg(long, default_value_t = strata_server::DEFAULT_BODY_LIMIT)]
+    pub body_limit: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = rt.block_on(serve(args));
+    // A model still loading when a signal came is not waited for.
+    rt.shutdown_background();
+    result
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let api_key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("STRATA_API_KEY").ok())
+        .filter(|k| !k.is_empty());
+    let model_name = args.alias.clone().unwrap_or_else(|| {
+        args.model
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "strata".into())
+    });
+    let state = AppState::new(ServerConfig {
+        model_name: model_name.clone(),
+        api_key,
+        body_limit: args.body_limit,
+        sampling: args.sampling.params(),
+    });
+    let listener = strata_server::bind(&args.host, args.port).await?;
+    eprintln!(
+        "strata: listening on http://{} (model `{model_name}`)",
+        listener.local_addr()?
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        tokio::select! {
+            _ = strata_server::shutdown_signal() => eprintln!("strata: shutting down"),
+            _ = stop_rx => {}
+        }
+    };
+    let server = tokio::spawn(strata_server::serve(listener, state.clone(), shutdown));
+    let model_args = args.model.clone();
+    let loaded = tokio::task::spawn_blocking(move || common::load(&model_args))
+        .await
+        .context("loading the model")?;
+    let loaded = match loaded {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = stop_tx.send(());
+            let _ = server.await;
+            return Err(e);
+        }
+    };
+    let engine = Engine::start(
+        loaded.model,
+        loaded.dev,
+        Arc::new(loaded.tokenizer),
+        EngineConfig {
+            n_ctx: loaded.n_ctx,
+            n_batch: args.model.batch,
+            park_slots: args.park_slots,
+        },
+        state.metrics.clone(),
+    )?;
+    if state.install(engine).is_err() {
+        anyhow::bail!("the engine was installed twice");
+    }
+    eprintln!(
+        "strata: ready ({} positions per conversation)",
+        loaded.n_ctx
+    );
+    server.await.context("the server task")??;
+    drop(stop_tx);
+    Ok(())
+}
