@@ -16,3 +16,7 @@ STRATA_SANITIZE=1 cargo test --workspace
 echo "== cargo build --features cuda,hip (no GPU software needed to build)"
 cargo build --features cuda,hip
 cargo run -q -p strata-cli --features cuda,hip -- devices
+echo "== the official openai Python client against strata serve (started on a free port, stopped by SIGTERM)"
+python3 -c 'import openai, sys; sys.exit(openai.__version__ != "3.51.0")' 2>/dev/null \
+  || python3 -m pip install -q "openai==3.51.0"
+python3 tests/openai_client.py --serve "${CARGO_TARGET_DIR:-target}/debug/strata" --model "$STRATA_SMOLLM2"

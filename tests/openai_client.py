@@ -23,9 +23,9 @@ import urllib.request
 import openai
 
 
-def start_server(binary: str, model: str, api_key: str):
+def start_server(binary: str, model: str, api_key: str, backend: str):
     """`strata serve` on a free port; returns (process, base url) once /health is 200."""
-    cmd = [binary, "serve", "-m", model, "--port", "0", "--ctx", "1024", "--api-key", api_key]
+    cmd = [binary, "serve", "-m", model, "--backend", backend, "--port", "0", "--ctx", "1024", "--api-key", api_key]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     base = None
     deadline = time.time() + 120
@@ -58,11 +58,12 @@ def main() -> int:
     ap.add_argument("--api-key", default="none")
     ap.add_argument("--serve", help="a strata binary to start (with --model) for the checks")
     ap.add_argument("--model", help="the GGUF model for --serve")
+    ap.add_argument("--backend", default="cpu", help="the backend for --serve")
     args = ap.parse_args()
     if args.serve:
         if args.api_key == "none":
             args.api_key = "ci-key"
-        proc, args.base_url = start_server(args.serve, args.model, args.api_key)
+        proc, args.base_url = start_server(args.serve, args.model, args.api_key, args.backend)
         try:
             check(args)
         finally:
