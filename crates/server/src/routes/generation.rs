@@ -100,7 +100,13 @@ async fn stream_events(
     {
         return;
     }
-    while let Some(event) = rx.recv().await {
+    loop {
+        // A client that leaves while its request is still queued is noticed here too.
+        let event = tokio::select! {
+            e = rx.recv() => e,
+            _ = out.closed() => return,
+        };
+        let Some(event) = event else { return };
         let texts = match event {
             Event::Text(t) => vec![sse::event(&envelope.chunk(Some(&t), false, None))],
             Event::Done(f) => {
