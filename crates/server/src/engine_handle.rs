@@ -26,6 +26,9 @@ pub struct EngineConfig {
     pub n_batch: u32,
     /// Conversations kept with their K/V after a request (`--park-slots`).
     pub park_slots: usize,
+    /// Most requests waiting or being served; more are refused (503) rather than queued
+    /// without bound.
+    pub max_queue: usize,
 }
 
 /// One request for the worker.
@@ -56,6 +59,7 @@ pub struct Engine {
     jobs: mpsc::Sender<Job>,
     pub tokenizer: Arc<Tokenizer>,
     pub n_ctx: usize,
+    max_queue: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -85,13 +89,18 @@ impl Engine {
             jobs: tx,
             tokenizer,
             n_ctx: config.n_ctx as usize,
+            max_queue: config.max_queue,
             metrics,
         })
     }
 
     /// Queues `job`; its events arrive on the job's channel.
     pub fn submit(&self, job: Job) -> Result<(), ServerError> {
-        self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        let before = self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+        if before >= self.max_queue as u64 {
+            self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            return Err(ServerError::Busy(self.max_queue));
+        }
         self.jobs.send(job).map_err(|_| {
             self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             ServerError::EngineStopped
@@ -170,5 +179,41 @@ impl Worker {
             reused_tokens: reused,
         }));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// An engine whose queue nobody serves: submissions past `max_queue` are refused and
+    /// leave the depth where it was.
+    #[test]
+    fn submit_refuses_past_max_queue() {
+        let vocab = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/vocab/ggml-vocab-gpt-2.gguf"
+        );
+        let tokenizer = Arc::new(Tokenizer::from_gguf_file(vocab).unwrap());
+        let (tx, _rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::default());
+        let engine = Engine {
+            jobs: tx,
+            tokenizer,
+            n_ctx: 64,
+            max_queue: 2,
+            metrics: metrics.clone(),
+        };
+        let job = || Job {
+            tokens: vec![1],
+            params: GenerateParams::default(),
+            events: tokio::sync::mpsc::unbounded_channel().0,
+        };
+        assert!(engine.submit(job()).is_ok());
+        assert!(engine.submit(job()).is_ok());
+        assert!(matches!(engine.submit(job()), Err(ServerError::Busy(2))));
+        assert_eq!(metrics.queue_depth.load(Ordering::Relaxed), 2);
     }
 }

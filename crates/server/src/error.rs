@@ -17,6 +17,8 @@ pub enum ServerError {
     Worker(std::io::Error),
     #[error("the engine thread has stopped")]
     EngineStopped,
+    #[error("the server is busy: {0} requests are already queued; retry later")]
+    Busy(usize),
 }
 
 /// An error answered to one request.

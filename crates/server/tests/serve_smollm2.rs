@@ -236,6 +236,7 @@ fn serve_smollm2_end_to_end() {
             n_ctx: N_CTX,
             n_batch: 512,
             park_slots: 2,
+            max_queue: 8,
         },
         state.metrics.clone(),
     )

@@ -27,6 +27,9 @@ pub struct Args {
     /// Conversations kept with their K/V so that a follow-up only reads what is new.
     #[arg(long, default_value_t = 4)]
     pub park_slots: usize,
+    /// Most requests queued or being served; more get 503 (server_busy).
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
     /// The model name clients give (default: the file name without .gguf).
     #[arg(long)]
     pub alias: Option<String>,
@@ -98,6 +101,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             n_ctx: loaded.n_ctx,
             n_batch: args.model.batch,
             park_slots: args.park_slots,
+            max_queue: args.max_queue,
         },
         state.metrics.clone(),
     )?;

@@ -11,7 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use super::json_response;
 use crate::AppState;
 use crate::engine_handle::{Event, Job};
-use crate::error::ApiError;
+use crate::error::{ApiError, ServerError};
 use crate::openai::{self, Endpoint, Envelope, Plan};
 use crate::sse::{self, ChannelStream};
 
@@ -30,7 +30,15 @@ pub async fn answer(
             params: plan.params.clone(),
             events: tx,
         })
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+        .map_err(|e| match e {
+            ServerError::Busy(_) => ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            )
+            .with_code("server_busy"),
+            _ => ApiError::internal(e.to_string()),
+        })?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completion => "cmpl",
