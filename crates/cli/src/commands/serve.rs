@@ -68,6 +68,17 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         body_limit: args.body_limit,
         sampling: args.sampling.params(),
     });
+    let loopback = args
+        .host
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+        || args.host == "localhost";
+    if !loopback && state.config.api_key.is_none() {
+        eprintln!(
+            "strata: warning: listening on {} without an API key: anyone who can reach it can use it (--api-key)",
+            args.host
+        );
+    }
     let listener = strata_server::bind(&args.host, args.port).await?;
     eprintln!(
         "strata: listening on http://{} (model `{model_name}`)",
