@@ -162,8 +162,10 @@ __device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_ke
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
     constexpr int SUBS = F::QK / 32;  // sub-blocks per block
-    // Chunk: the most whole activation blocks of every tile row that fit.
-    uint32_t chunk = (MM_ACT_VALUES / u.tn) / 256 * 256;
+    // Chunk: as many values of every tile row as fit, a whole number of staging steps so
+    // each lane meets the same sub-blocks in the same order whatever the tile's size (a
+    // row's result does not depend on the batch it came in).
+    uint32_t chunk = (MM_ACT_VALUES / u.tn) / MM_STEP * MM_STEP;
     if (chunk >= u.k) chunk = u.k;
     const bool whole = chunk == u.k;
     float acc[MM_ROWS][MM_TOKENS];

@@ -152,7 +152,7 @@ static void test_mul_mat() {
     struct Shape { int m, k, n; };
     for (const Fmt& f : FORMATS) {
         if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
-        std::vector<Shape> shapes = {{37, 512, 1}, {45, 512, 17}, {16, 20480, 1}, {16, 20480, 9}};
+        std::vector<Shape> shapes = {{37, 512, 1}, {45, 512, 17}, {16, 20480, 1}, {16, 20480, 11}};
         if (f.qk == 1) { shapes.push_back({7, 100, 3}); shapes.push_back({5, 33, 1}); }
         for (auto [m, k, n] : shapes) {
             auto w = random_weights(f, m, k);
@@ -174,6 +174,14 @@ static void test_mul_mat() {
                 char what[160];
                 snprintf(what, sizeof what, "mul_mat %s %dx%d n=%d grid %u block %u", f.name, m, k, n, c.g, c.b);
                 report(what, worst_rel(out, y, mag), 1e-5);
+                if (out0.empty() && n == 11) {
+                    // rows of the tile of 8 and of 3, each alone: bit-exact
+                    for (int t : {0, 7, 8, 10}) {
+                        std::vector<float> alone(m);
+                        launch(ops_grid(m), 256, [&] { mul_mat(buf.data() + off, x.data() + (size_t)t * k, alone.data(), f.id, m, k, 1); });
+                        if (memcmp(alone.data(), out.data() + (size_t)t * m, m * 4) != 0) { printf("  row %d alone differs FAILED\n", t); fails++; }
+                    }
+                }
                 if (out0.empty()) out0 = out;
                 else if (memcmp(out0.data(), out.data(), out.size() * 4) != 0) { printf("  not bit-equal across shapes FAILED\n"); fails++; }
             }

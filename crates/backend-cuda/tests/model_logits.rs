@@ -6,9 +6,23 @@
 //! expert, olmoe) in several formats, and SmolLM2-135M-Instruct Q4_1 where it is on disk.
 //! Skips with one line when there is no CUDA device.
 //!
-//! Tolerance: max |Δlogit| ≤ 1e-3 · max |logit| per position. Both devices quantise every
-//! activation identically, so differences start at f32 rounding (~1e-7) and grow only
-//! where a rounded activation lands on the other side of a quantisation step.
+//! What to expect: each op on the GPU matches the CPU's to f32 summation order (≤ 6e-8 of
+//! Σ|w·x| for the products; most other ops bit for bit, see model_ops.rs). A model then
+//! amplifies those last-bit differences wherever a value is rounded to a coarse grid: an
+//! activation quant (Q8_0/Q8_1/Q8_K: steps of 1/127 of a block's largest value), a K/V
+//! cache entry or an attention probability (f16), a router's top-k choice. One such flip
+//! moves logits by ~1e-3 of their scale and later positions inherit it through the cache
+//! (the CPU backend against llama.cpp shows the same: crates/engine/tests/model_goldens.rs,
+//! logits moving by up to ~0.1 where one activation quant flips). So the bounds, per model:
+//! - float weights (no activation quantisation): max |Δlogit| ≤ 1e-3 · max |logit|;
+//! - quantised weights: the median position within 1e-2 · max |logit|, every position
+//!   within 0.5 (an expert chosen differently moves one position's logits a lot; a wrong
+//!   rope, mask, norm or format moves every position by O(1)), and the same top-1 token at
+//!   ≥ 90 % of positions.
+//!
+//! And two invariants of the GPU alone, bit for bit: the same run twice gives the same
+//! logits, and feeding the prompt in batches of 16 or one token at a time gives the same
+//! logits (every kernel computes a row the same way whatever else the launch holds).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,7 +35,10 @@ use strata_gguf::{GgufFile, QuantType};
 use strata_model::Model;
 use strata_model::synth::{SynthArch, SynthSpec, synthesize};
 
-const TOL: f64 = 1e-3;
+const FLOAT_MAX_TOL: f64 = 1e-3;
+const QUANT_MEDIAN_TOL: f64 = 1e-2;
+const QUANT_MAX_TOL: f64 = 0.5;
+const MIN_SAME_TOP1: f64 = 0.9;
 const PROMPT: usize = 40;
 const DECODE_STEPS: usize = 4;
 
@@ -49,12 +66,18 @@ fn smollm2_path() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// The logits of the prompt's positions, then of each decode step, on `dev`. Decode
-/// tokens are `next` (the same on both devices).
-fn logits(dev: &Device, gguf: &Arc<GgufFile>, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+/// The logits of the prompt's positions, then of each decode step, on `dev`, feeding the
+/// prompt `batch` tokens per forward pass. Decode tokens are `next` (the same everywhere).
+fn logits(
+    dev: &Device,
+    gguf: &Arc<GgufFile>,
+    prompt: &[u32],
+    next: &[u32],
+    batch: u32,
+) -> Vec<Vec<f32>> {
     let model = Model::load(dev, dev.main_stream(), gguf.clone(), |_, _| {}).expect("load");
     let vocab = model.hp.n_vocab as usize;
-    let mut ctx = Context::new(Arc::new(model), dev.clone(), 256, 16).expect("context");
+    let mut ctx = Context::new(Arc::new(model), dev.clone(), 256, batch).expect("context");
     let all = ctx.eval_all(prompt).expect("prompt");
     let mut rows: Vec<Vec<f32>> = all.chunks_exact(vocab).map(<[f32]>::to_vec).collect();
     for &t in next {
@@ -73,8 +96,15 @@ fn argmax(v: &[f32]) -> usize {
         .0
 }
 
-/// Compares one model on both devices; returns a failure description, if any.
-fn compare(name: &str, gguf: Arc<GgufFile>, cpu: &Device, gpu: &Device) -> Option<String> {
+/// Compares one model on both devices (and the GPU with itself); returns failure
+/// descriptions.
+fn compare(
+    name: &str,
+    gguf: Arc<GgufFile>,
+    cpu: &Device,
+    gpu: &Device,
+    float: bool,
+) -> Vec<String> {
     let vocab = strata_model::Model::load(cpu, cpu.main_stream(), gguf.clone(), |_, _| {})
         .expect("load")
         .hp
@@ -86,33 +116,78 @@ fn compare(name: &str, gguf: Arc<GgufFile>, cpu: &Device, gpu: &Device) -> Optio
     let next: Vec<u32> = (0..DECODE_STEPS)
         .map(|i| ((i * 104_729 + 5) % vocab) as u32)
         .collect();
-    let c = logits(cpu, &gguf, &prompt, &next);
-    let g = logits(gpu, &gguf, &prompt, &next);
-    let (mut worst, mut worst_at, mut same_top) = (0.0f64, 0usize, 0usize);
-    for (pos, (cr, gr)) in c.iter().zip(&g).enumerate() {
-        let scale = cr.iter().fold(1e-6f64, |m, &x| m.max(f64::from(x.abs())));
-        let diff = cr
-            .iter()
-            .zip(gr)
-            .map(|(&a, &b)| {
-                let d = (f64::from(a) - f64::from(b)).abs();
-                if b.is_finite() { d } else { f64::INFINITY }
-            })
-            .fold(0.0f64, f64::max);
-        if diff / scale > worst {
-            worst = diff / scale;
-            worst_at = pos;
-        }
-        same_top += usize::from(argmax(cr) == argmax(gr));
+    let c = logits(cpu, &gguf, &prompt, &next, 16);
+    let g = logits(gpu, &gguf, &prompt, &next, 16);
+    let mut failures = Vec::new();
+    if logits(gpu, &gguf, &prompt, &next, 16) != g {
+        failures.push(format!("{name}: two GPU runs give different logits"));
     }
+    if logits(gpu, &gguf, &prompt, &next, 1) != g {
+        failures.push(format!(
+            "{name}: the GPU's logits depend on the batch (16 vs 1 token per pass)"
+        ));
+    }
+    if c.len() != g.len() {
+        failures.push(format!("{name}: {} vs {} positions", c.len(), g.len()));
+        return failures;
+    }
+    // Per position: max |Δlogit| / max |logit|.
+    let errs: Vec<f64> = c
+        .iter()
+        .zip(&g)
+        .map(|(cr, gr)| {
+            let scale = cr.iter().fold(1e-6f64, |m, &x| m.max(f64::from(x.abs())));
+            cr.iter()
+                .zip(gr)
+                .map(|(&a, &b)| {
+                    let d = (f64::from(a) - f64::from(b)).abs();
+                    if b.is_finite() { d } else { f64::INFINITY }
+                })
+                .fold(0.0f64, f64::max)
+                / scale
+        })
+        .collect();
+    let same_top = c
+        .iter()
+        .zip(&g)
+        .filter(|(a, b)| argmax(a) == argmax(b))
+        .count();
+    let mut sorted = errs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let (median, max) = (sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
+    let worst_at = errs.iter().position(|&e| e == max).unwrap_or(0);
+    let first_off = errs.iter().position(|&e| e > 1e-5);
+    let over = errs.iter().filter(|&&e| e > 1e-3).count();
     println!(
-        "{name}: {} positions ({PROMPT} prompt + {DECODE_STEPS} decode), max |Δlogit|/max|logit| \
-         {worst:.3e} (position {worst_at}), same top-1 at {same_top}/{}",
+        "{name}: {} positions ({PROMPT} prompt + {DECODE_STEPS} decode): max |Δlogit|/max|logit| \
+         {max:.3e} (position {worst_at}), median {median:.3e}, {over} positions above 1e-3, \
+         first above 1e-5: {first_off:?}; same top-1 at {same_top}/{}",
         c.len(),
         c.len()
     );
-    (worst > TOL || c.len() != g.len())
-        .then(|| format!("{name}: max relative logit error {worst:.3e} > {TOL:.0e}"))
+    let top1 = same_top as f64 / c.len() as f64;
+    if float {
+        if max.is_nan() || max > FLOAT_MAX_TOL {
+            failures.push(format!(
+                "{name}: max relative logit error {max:.3e} > {FLOAT_MAX_TOL:.0e}"
+            ));
+        }
+    } else {
+        if median.is_nan() || median > QUANT_MEDIAN_TOL {
+            failures.push(format!(
+                "{name}: median relative logit error {median:.3e} > {QUANT_MEDIAN_TOL:.0e}"
+            ));
+        }
+        if max.is_nan() || max > QUANT_MAX_TOL {
+            failures.push(format!(
+                "{name}: max relative logit error {max:.3e} > {QUANT_MAX_TOL}"
+            ));
+        }
+    }
+    if top1 < MIN_SAME_TOP1 {
+        failures.push(format!("{name}: same top-1 at only {same_top}/{}", c.len()));
+    }
+    failures
 }
 
 fn spec(arch: SynthArch, quant: QuantType, experts: u32) -> SynthSpec {
@@ -141,6 +216,8 @@ fn synthetic_cases() -> Vec<(&'static str, SynthSpec)> {
     head128.kv_heads = 1;
     head128.tie_embeddings = true;
     vec![
+        ("llama dense F32", spec(SynthArch::Llama, QuantType::F32, 0)),
+        ("qwen3moe F16", spec(SynthArch::Qwen3Moe, QuantType::F16, 8)),
         (
             "llama dense Q4_0",
             spec(SynthArch::Llama, QuantType::Q4_0, 0),
@@ -185,7 +262,8 @@ fn synthetic_models_give_the_cpu_logits() {
     for (name, s) in synthetic_cases() {
         let bytes = synthesize(&s).unwrap_or_else(|e| panic!("{name}: {e}"));
         let gguf = Arc::new(GgufFile::from_bytes(bytes).expect("gguf"));
-        failures.extend(compare(name, gguf, &cpu, &gpu));
+        let float = matches!(s.quant, QuantType::F32 | QuantType::F16 | QuantType::BF16);
+        failures.extend(compare(name, gguf, &cpu, &gpu, float));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -203,7 +281,6 @@ fn smollm2_gives_the_cpu_logits() {
     };
     let cpu = strata_backend_cpu::device(Default::default()).expect("cpu device");
     let gguf = Arc::new(GgufFile::open(&path).expect("open SmolLM2"));
-    if let Some(f) = compare("SmolLM2-135M-Instruct Q4_1", gguf, &cpu, &gpu) {
-        panic!("{f}");
-    }
+    let failures = compare("SmolLM2-135M-Instruct Q4_1", gguf, &cpu, &gpu, false);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -157,9 +157,9 @@ fn mul_mat_matches_the_cpu_for_every_format() {
             (37usize, 512usize, 1usize), // decode, fewer rows than a unit takes
             (300, 512, 1),
             (64, 512, 3),
-            (45, 512, 17),   // three token tiles, the last of one row
-            (16, 20_480, 1), // a row longer than the staged activations
-            (16, 20_480, 9),
+            (45, 512, 17),    // three token tiles, the last of one row
+            (16, 20_480, 1),  // a row longer than the staged activations
+            (16, 20_480, 11), // tiles of 8 and 3, chunked differently
         ];
         if is_float(ty) {
             shapes.push((7, 100, 3)); // rows that are no whole number of vectors
@@ -182,6 +182,26 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                 if w_off > 0 { " (offset)" } else { "" }
             );
             rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
+            if si == 5 {
+                // A row's result does not depend on the rows launched with it (tiles of 8
+                // and 3 here, chunked differently): each alone, bit-exact.
+                for t in [0usize, 7, 8, 10] {
+                    let alone = mul_mat(
+                        &p.gpu,
+                        ty,
+                        &w,
+                        w_off,
+                        &x[t * k..(t + 1) * k],
+                        (m, k, 1),
+                        &ops_cfg(m),
+                    );
+                    rep.exact(
+                        &format!("{what} row {t} alone"),
+                        &alone,
+                        &gpu[t * m..(t + 1) * m],
+                    );
+                }
+            }
             if si == 3 {
                 // Any launch shape gives the same numbers: few blocks of 4 warps (each
                 // takes many units), or more blocks than units.
@@ -315,6 +335,71 @@ fn embed_rows_is_bit_exact_for_every_format() {
             download(d, &out)
         };
         rep.exact(&format!("embed_rows {ty:?}"), &run(&p.gpu), &run(&p.cpu));
+    }
+    rep.finish();
+}
+
+/// Decode-sized products (n = 1, 4096 x 4096) timed on the GPU with the launch shape
+/// crates/model/src/ops.rs uses and with one block per 16 weight rows (the shape the kernel
+/// is written for), after checking both against the CPU. Prints effective weight GB/s.
+#[test]
+fn mul_mat_decode_timing_report() {
+    let Some(p) = pair("mul_mat_decode_timing_report") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(13);
+    let (m, k) = (4096usize, 4096usize);
+    for ty in [
+        QuantType::Q4_K,
+        QuantType::Q8_0,
+        QuantType::IQ2_XS,
+        QuantType::F16,
+    ] {
+        let w = random_weights(ty, m, k, &mut rng);
+        let x = rng.vec(k, 2.0);
+        let cpu = mul_mat(&p.cpu, ty, &w, 0, &x, (m, k, 1), &ops_cfg(m));
+        let mag = magnitudes(ty, &w, m, k, &x);
+        let (bw, bx) = (upload(&p.gpu, &w), upload(&p.gpu, &x));
+        let by = p.gpu.alloc::<f32>(m).unwrap();
+        let args = Args::new()
+            .read(&bw)
+            .read(&bx)
+            .write(&by)
+            .u32(ty.id())
+            .u32(m as u32)
+            .u32(k as u32)
+            .u32(1);
+        let per_rows = LaunchCfg {
+            grid: [(m / 16) as u32, 1, 1],
+            block: [256, 1, 1],
+            shared_bytes: 0,
+        };
+        for (name, cfg) in [
+            ("ops.rs shape", ops_cfg(m)),
+            ("block per 16 rows", per_rows),
+        ] {
+            launch(&p.gpu, KernelId::MulMat, &cfg, &args);
+            let gpu = download(&p.gpu, &by);
+            rep.close(
+                &format!("mul_mat {ty:?} {m}x{k} n=1 ({name})"),
+                &gpu,
+                &cpu,
+                TOL,
+                |i| mag[i],
+            );
+            let reps = 50;
+            let t0 = std::time::Instant::now();
+            for _ in 0..reps {
+                launch(&p.gpu, KernelId::MulMat, &cfg, &args);
+            }
+            p.gpu.synchronize().unwrap();
+            let us = t0.elapsed().as_secs_f64() * 1e6 / f64::from(reps);
+            println!(
+                "  timing {ty:?} {name}: {us:.1} us per launch, {:.0} GB/s of weights",
+                w.len() as f64 / us / 1e3
+            );
+        }
     }
     rep.finish();
 }
