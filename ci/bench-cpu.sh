@@ -8,7 +8,7 @@ threads=${THREADS:-$(nproc)}
 pp=${PP:-512}; tg=${TG:-128}
 llama_bin=${LLAMA_BIN:-$(ci/llama-cpp.sh)}
 cargo build --release -q -p strata-cli
-strata=target/release/strata
+strata=${CARGO_TARGET_DIR:-target}/release/strata
 smollm2=$(ci/fetch-models.sh)
 moe=${TMPDIR:-/tmp}/strata-bench-qwen3moe-q4k.gguf
 [ -s "$moe" ] || $strata synth --arch qwen3moe --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \

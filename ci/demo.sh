@@ -8,4 +8,4 @@ prompt=${1:-"What is the capital of France?"}
 shift || true
 model=$(./ci/fetch-models.sh)
 cargo build --release -q -p strata-cli
-exec target/release/strata run -m "$model" --backend cpu -p "$prompt" "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/strata" run -m "$model" --backend cpu -p "$prompt" "$@"

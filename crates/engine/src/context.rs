@@ -23,7 +23,7 @@ impl Context {
     pub fn new(model: Arc<Model>, dev: Device, n_ctx: u32, n_batch: u32) -> Result<Self> {
         let stream = dev.create_stream()?;
         let kv = KvCache::new(&dev, &model, n_ctx)?;
-        let scratch = Scratch::new(&dev, &model, n_batch.clamp(1, n_ctx.max(1)))?;
+        let scratch = Scratch::new(&dev, &model, n_batch.clamp(1, n_ctx.max(1)), 1)?;
         tracing::debug!(
             "context: {n_ctx} positions, K/V {:.1} MiB",
             kv.bytes() as f64 / (1 << 20) as f64
@@ -76,6 +76,11 @@ impl Context {
             });
         }
         let vocab = self.model.hp.n_vocab as usize;
+        if rows == LogitRows::All && self.scratch.logit_rows < self.scratch.n_max {
+            // Every row's logits: grow the scratch once (perplexity, goldens).
+            let n_max = self.scratch.n_max;
+            self.scratch = Scratch::new(&self.dev, &self.model, n_max, n_max)?;
+        }
         let mut out = Vec::new();
         let batch = self.scratch.n_max as usize;
         for chunk in tokens.chunks(batch) {

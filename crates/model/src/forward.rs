@@ -56,12 +56,15 @@ pub struct Scratch {
     moe_y: DeviceBuffer<f32>,
     shared: DeviceBuffer<f32>,
     gate_logit: DeviceBuffer<f32>,
-    /// Logits of up to `n_max` rows.
+    /// Logits of up to `logit_rows` rows (1 unless every row's logits are wanted: a
+    /// vocabulary-wide row per batch token would dwarf a small model).
     pub logits: DeviceBuffer<f32>,
+    pub logit_rows: u32,
 }
 
 impl Scratch {
-    pub fn new(dev: &Device, model: &Model, n_max: u32) -> Result<Self> {
+    /// Scratch for batches of up to `n_max` tokens, with logits for `logit_rows` of them.
+    pub fn new(dev: &Device, model: &Model, n_max: u32, logit_rows: u32) -> Result<Self> {
         let h = &model.hp;
         let n = n_max.max(1) as usize;
         let (e, qd, kvd) = (h.n_embd as usize, h.q_dim() as usize, h.kv_dim() as usize);
@@ -97,7 +100,8 @@ impl Scratch {
             moe_y: f(n * used * e)?,
             shared: f(n * e)?,
             gate_logit: f(n)?,
-            logits: f(n * h.n_vocab as usize)?,
+            logits: f(logit_rows.clamp(1, n as u32) as usize * h.n_vocab as usize)?,
+            logit_rows: logit_rows.clamp(1, n as u32),
         })
     }
 }
@@ -159,6 +163,12 @@ impl Model {
             LogitRows::Last => (n - 1, 1),
             LogitRows::All => (0, n),
         };
+        if count > scratch.logit_rows {
+            return Err(ModelError::BadHParams(format!(
+                "{count} rows of logits asked for, the scratch holds {}",
+                scratch.logit_rows
+            )));
+        }
         let e = h.n_embd as usize;
         ops.rms_norm(
             &s.x,
