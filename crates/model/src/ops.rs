@@ -7,9 +7,25 @@ use crate::hparams::Rope;
 use crate::weights::{Experts, Matrix, Vector};
 
 const BLOCK: u32 = 256;
+/// Weight rows one 256-thread block of mul_mat computes per unit (8 warps x 2 rows) and
+/// activation rows per tile: the GPU kernels are grid-stride loops over such units, so the
+/// grid is sized to the unit count (kernels-cuda/matmul.cuh). CPU kernels ignore shapes.
+const MM_ROWS_PER_BLOCK: usize = 16;
+const MM_TOKENS_PER_TILE: usize = 8;
 
+/// `n` independent items (one thread each).
 fn cfg(n: usize) -> LaunchCfg {
     LaunchCfg::linear(n, BLOCK)
+}
+
+/// `units` blocks of 256 threads (one work unit per block).
+fn blocks(units: usize) -> LaunchCfg {
+    LaunchCfg::linear(units.max(1) * BLOCK as usize, BLOCK)
+}
+
+/// One 32-lane warp per row.
+fn warp_per_row(rows: usize) -> LaunchCfg {
+    LaunchCfg::linear(rows * 32, BLOCK)
 }
 
 /// A device and the stream the forward pass runs on.
@@ -22,7 +38,12 @@ pub struct Ops<'a> {
 impl Ops<'_> {
     #[track_caller]
     fn launch(&self, k: KernelId, n: usize, args: Args<'_>) -> Result<()> {
-        self.dev.launch(k, &cfg(n), &args, self.stream)
+        self.launch_cfg(k, cfg(n), args)
+    }
+
+    #[track_caller]
+    fn launch_cfg(&self, k: KernelId, cfg: LaunchCfg, args: Args<'_>) -> Result<()> {
+        self.dev.launch(k, &cfg, &args, self.stream)
     }
 
     pub fn embed_rows(
@@ -62,7 +83,7 @@ impl Ops<'_> {
             .u32(n_rows)
             .u32(w.len)
             .f32(eps);
-        self.launch(KernelId::RmsNorm, (n_rows * w.len) as usize, args)
+        self.launch_cfg(KernelId::RmsNorm, warp_per_row(n_rows as usize), args)
     }
 
     /// `y[n x m] = x[n x k] * w^T`, x read from element `x_off`.
@@ -82,7 +103,9 @@ impl Ops<'_> {
             .u32(w.m)
             .u32(w.k)
             .u32(n);
-        self.launch(KernelId::MulMat, (n * w.m) as usize, args)
+        let units =
+            (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK) * (n as usize).div_ceil(MM_TOKENS_PER_TILE);
+        self.launch_cfg(KernelId::MulMat, blocks(units), args)
     }
 
     pub fn add(
@@ -194,7 +217,11 @@ impl Ops<'_> {
             .u32(head_dim)
             .u32(pos0)
             .f32(scale);
-        self.launch(KernelId::Attention, (n_tokens * n_head) as usize, args)
+        self.launch_cfg(
+            KernelId::Attention,
+            blocks((n_tokens * n_head) as usize),
+            args,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -216,7 +243,7 @@ impl Ops<'_> {
             .u32(n_expert)
             .u32(k)
             .u32(norm as u32);
-        self.launch(KernelId::RouterTopk, n_tokens as usize, args)
+        self.launch_cfg(KernelId::RouterTopk, warp_per_row(n_tokens as usize), args)
     }
 
     /// `y[t][j] = x' * W_{ids[t][j]}^T`; x' is x[t] or, with `x_per_slot`, x[t][j].
