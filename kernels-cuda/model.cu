@@ -76,13 +76,17 @@ extern "C" __global__ void sigmoid_gate_add(const float* x, const float* gate, f
 }
 
 // cache row pos0 + t = f16(row t), for K and V.
-extern "C" __global__ void kv_store(const float* k, const float* v, uint16_t* k_cache,
-                                    uint16_t* v_cache, uint32_t kv_dim, uint32_t pos0,
-                                    uint32_t n_tokens) {
-    const uint64_t n = (uint64_t)n_tokens * kv_dim, base = (uint64_t)pos0 * kv_dim;
+extern "C" __global__ void kv_store(const float* k, const float* v, const int32_t* pos,
+                                    uint16_t* k_cache, uint16_t* v_cache, uint32_t kv_dim,
+                                    uint32_t n_tokens, uint32_t n_ctx) {
+    const uint64_t n = (uint64_t)n_tokens * kv_dim;
     for (uint64_t i = global_thread(); i < n; i += global_threads()) {
-        k_cache[base + i] = f32_to_f16(k[i]);
-        v_cache[base + i] = f32_to_f16(v[i]);
+        const uint64_t t = i / kv_dim, c = i % kv_dim;
+        const int32_t p = pos[t];
+        if (p < 0 || (uint32_t)p >= n_ctx) continue;  // the host checked; never write outside
+        const uint64_t at = (uint64_t)p * kv_dim + c;
+        k_cache[at] = f32_to_f16(k[i]);
+        v_cache[at] = f32_to_f16(v[i]);
     }
 }
 
@@ -304,10 +308,11 @@ __device__ __forceinline__ float att_score(const float* qs, const uint16_t* kr, 
 // normalised probabilities are rounded to f16 (the V cache's vec_dot_type) and the f16
 // values summed with them in f32. Three passes per (token, head): scores and their max,
 // exponentials and their sum, the weighted sum of V.
-extern "C" __global__ void attention(const float* q, const uint16_t* k_cache,
-                                     const uint16_t* v_cache, float* out, uint32_t n_tokens,
-                                     uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim,
-                                     uint32_t pos0, float scale) {
+extern "C" __global__ void attention(const float* q, const int32_t* pos,
+                                     const uint16_t* k_cache, const uint16_t* v_cache,
+                                     float* out, uint32_t n_tokens, uint32_t n_head,
+                                     uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx,
+                                     float scale) {
     __shared__ float qs[ATT_MAX_HEAD_DIM];
     __shared__ float sc[ATT_SCORES];
     __shared__ float wmax[ATT_WARPS];
@@ -328,7 +333,9 @@ extern "C" __global__ void attention(const float* q, const uint16_t* k_cache,
         const uint32_t kvh = (uint32_t)(un % n_head) / group;
         const uint16_t* kb = k_cache + (uint64_t)kvh * head_dim;
         const uint16_t* vb = v_cache + (uint64_t)kvh * head_dim;
-        const uint64_t span = pos0 + t + 1;
+        // Rows 0..=pos[t]; a position outside the cache reads nothing (the host checked).
+        const int32_t p = pos[t];
+        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
         const bool keep = span <= ATT_SCORES;
         __syncthreads();  // the previous unit is done with the shared arrays
         for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x)

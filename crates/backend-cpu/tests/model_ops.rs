@@ -296,39 +296,49 @@ fn embed_rows_dequantises_the_chosen_rows() {
 }
 
 #[test]
-fn kv_store_writes_f16_rows_at_pos0() {
+fn kv_store_writes_f16_rows_at_their_positions() {
     let mut rng = Rng::new(4);
     let d = dev(2);
-    let (kv_dim, ctx, pos0, n) = (24usize, 10usize, 3usize, 4usize);
+    let (kv_dim, ctx, n) = (24usize, 10usize, 4usize);
+    // Out of order and with gaps: the positions buffer, not the row index, places a row.
+    let positions = [3i32, 8, 4, 0];
     let (k, v) = (rng.vec(n * kv_dim, 5.0), rng.vec(n * kv_dim, 5.0));
     let (bk, bv) = (upload(&d, &k), upload(&d, &v));
     let kc = upload(&d, &vec![0x7777u16; ctx * kv_dim]);
     let vc = upload(&d, &vec![0x7777u16; ctx * kv_dim]);
-    let args = |p: u32| {
-        Args::new()
-            .read(&bk)
-            .read(&bv)
-            .write(&kc)
-            .write(&vc)
-            .u32(kv_dim as u32)
-            .u32(p)
-            .u32(n as u32)
+    let store = |pos: &[i32], n_ctx: u32| {
+        let pos = upload(&d, pos);
+        launch(
+            &d,
+            KernelId::KvStore,
+            &Args::new()
+                .read(&bk)
+                .read(&bv)
+                .read(&pos)
+                .write(&kc)
+                .write(&vc)
+                .u32(kv_dim as u32)
+                .u32(n as u32)
+                .u32(n_ctx),
+        );
     };
-    launch(&d, KernelId::KvStore, &args(pos0 as u32));
+    store(&positions, ctx as u32);
     for (cache, src) in [(download(&d, &kc), &k), (download(&d, &vc), &v)] {
         for (i, &c) in cache.iter().enumerate() {
             let row = i / kv_dim;
-            let want = if (pos0..pos0 + n).contains(&row) {
-                half::f16::from_f32(src[i - pos0 * kv_dim]).to_bits()
-            } else {
-                0x7777
+            let want = match positions.iter().position(|&p| p as usize == row) {
+                Some(t) => half::f16::from_f32(src[t * kv_dim + i % kv_dim]).to_bits(),
+                None => 0x7777,
             };
             assert_eq!(c, want, "cache element {i} (row {row})");
         }
     }
-    // Rows 7..11 do not fit a 10-row cache.
-    launch(&d, KernelId::KvStore, &args(7));
-    expect_kernel_error(&d, "kv_store", "rows past the cache");
+    store(&[7, 8, 9, 10], ctx as u32);
+    expect_kernel_error(&d, "kv_store", "a position past the cache");
+    store(&[0, 1, -2, 3], ctx as u32);
+    expect_kernel_error(&d, "kv_store", "a negative position");
+    store(&[0, 1, 2, 3], ctx as u32 + 1);
+    expect_kernel_error(&d, "kv_store", "n_ctx beyond the cache buffers");
 }
 
 /// f64 softmax, then the k best (descending, ties to the lower index), then the norm.

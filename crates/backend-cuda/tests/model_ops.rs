@@ -403,14 +403,21 @@ fn kv_store_matches_the_cpu() {
             upload(d, &vec![0x1234u16; ctx * kv_dim]),
             upload(d, &vec![0x4321u16; ctx * kv_dim]),
         );
+        // Positions out of order: the buffer, not the row index, places each row.
+        let positions: Vec<i32> = (0..n_tokens as i32)
+            .rev()
+            .map(|t| pos0 as i32 + 2 * t)
+            .collect();
+        let pos = upload(d, &positions);
         let args = Args::new()
             .read(&bk)
             .read(&bv)
+            .read(&pos)
             .write(&kc)
             .write(&vc)
             .u32(kv_dim as u32)
-            .u32(pos0 as u32)
-            .u32(n_tokens as u32);
+            .u32(n_tokens as u32)
+            .u32(ctx as u32);
         launch(d, KernelId::KvStore, &ops_cfg(n_tokens * kv_dim), &args);
         (download(d, &kc), download(d, &vc))
     };

@@ -1,9 +1,13 @@
 //! A conversation's state on one device: its K/V cache, the tokens it holds, and the
 //! scratch of the forward pass. `eval` feeds tokens in batches and returns logits.
+//!
+//! A single-token step (decode) runs as a graph: captured on first use, then replayed
+//! after the step's token id and position are uploaded into the scratch, so a step costs
+//! two small ordered uploads and one replay instead of hundreds of launches.
 
 use std::sync::Arc;
 
-use strata_core::{Device, Stream};
+use strata_core::{Device, Graph, Stream};
 use strata_model::{KvCache, LogitRows, Model, Scratch};
 
 use crate::error::{EngineError, Result};
@@ -12,10 +16,13 @@ pub struct Context {
     pub model: Arc<Model>,
     pub dev: Device,
     pub stream: Stream,
-    kv: KvCache,
+    pub(crate) kv: KvCache,
     scratch: Scratch,
     /// Every token whose K/V is in the cache, in order.
-    tokens: Vec<u32>,
+    pub(crate) tokens: Vec<u32>,
+    /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
+    decode_graph: Option<Graph>,
+    use_graphs: bool,
 }
 
 impl Context {
@@ -35,7 +42,18 @@ impl Context {
             kv,
             scratch,
             tokens: Vec::new(),
+            decode_graph: None,
+            use_graphs: true,
         })
+    }
+
+    /// Whether single-token steps replay a captured graph (the default) or launch each
+    /// kernel; both give the same logits bit for bit.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graphs = on;
+        if !on {
+            self.decode_graph = None;
+        }
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -79,21 +97,26 @@ impl Context {
         if rows == LogitRows::All && self.scratch.logit_rows < self.scratch.n_max {
             // Every row's logits: grow the scratch once (perplexity, goldens).
             let n_max = self.scratch.n_max;
+            self.decode_graph = None;
             self.scratch = Scratch::new(&self.dev, &self.model, n_max, n_max)?;
         }
         let mut out = Vec::new();
         let batch = self.scratch.n_max as usize;
         for chunk in tokens.chunks(batch) {
             let pos0 = self.tokens.len() as u32;
-            self.model.forward(
-                &self.dev,
-                self.stream,
-                &self.scratch,
-                &self.kv,
-                chunk,
-                pos0,
-                rows,
-            )?;
+            if chunk.len() == 1 && rows == LogitRows::Last && self.use_graphs {
+                self.step_graph(chunk, pos0)?;
+            } else {
+                self.model.forward(
+                    &self.dev,
+                    self.stream,
+                    &self.scratch,
+                    &self.kv,
+                    chunk,
+                    pos0,
+                    rows,
+                )?;
+            }
             self.tokens.extend_from_slice(chunk);
             let n_rows = match rows {
                 LogitRows::All => chunk.len(),
@@ -109,5 +132,28 @@ impl Context {
             }
         }
         Ok(out)
+    }
+
+    /// One token through the captured decode graph (capturing it the first time).
+    fn step_graph(&mut self, token: &[u32], pos0: u32) -> Result<()> {
+        let (dev, stream) = (&self.dev, self.stream);
+        let (model, scratch, kv) = (&self.model, &self.scratch, &self.kv);
+        model.prepare(dev, stream, scratch, kv, token, pos0)?;
+        if self.decode_graph.is_none() {
+            let graph = dev.capture(stream, |d| {
+                model
+                    .record(d, stream, scratch, kv, 1, LogitRows::Last)
+                    .map_err(|e| match e {
+                        strata_model::ModelError::Device(e) => e,
+                        other => strata_core::Error::Capture(other.to_string()),
+                    })
+            })?;
+            tracing::debug!("decode step captured: {} buffers", graph.buffer_count());
+            self.decode_graph = Some(graph);
+        }
+        if let Some(graph) = self.decode_graph.as_mut() {
+            dev.replay(graph, stream)?;
+        }
+        Ok(())
     }
 }

@@ -127,6 +127,22 @@ impl Model {
         pos0: u32,
         rows: LogitRows,
     ) -> Result<()> {
+        self.prepare(dev, stream, scratch, kv, tokens, pos0)?;
+        self.record(dev, stream, scratch, kv, tokens.len() as u32, rows)
+    }
+
+    /// Checks a batch and uploads its token ids and positions into the scratch: what
+    /// changes from one step to the next. [`Model::record`] then queues the launches,
+    /// which read only device buffers, so a captured recording replays for any step.
+    pub fn prepare(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        kv: &KvCache,
+        tokens: &[u32],
+        pos0: u32,
+    ) -> Result<()> {
         let h = &self.hp;
         let n = tokens.len() as u32;
         if n == 0 || n > scratch.n_max {
@@ -145,19 +161,29 @@ impl Model {
         if let Some(&bad) = tokens.iter().find(|&&t| t >= h.n_vocab) {
             return Err(ModelError::BadToken(bad, h.n_vocab as usize));
         }
-        let ops = Ops { dev, stream };
-        let s = scratch;
         let positions: Vec<i32> = (0..n).map(|i| (pos0 + i) as i32).collect();
-        dev.upload(&s.ids, tokens, stream)?;
-        dev.upload(&s.pos, &positions, stream)?;
-        ops.embed_rows(&self.tok_embd, &s.ids, &s.x, n)?;
-        for (il, layer) in self.layers.iter().enumerate() {
-            // x -> x2 (attention residual) -> x (FFN residual)
-            self.attention(&ops, s, &layer.attn, &kv.k[il], &kv.v[il], n, pos0)?;
-            ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
-            ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
-            self.ffn(&ops, s, &layer.ffn, n)?;
-            ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
+        dev.upload(&scratch.ids, tokens, stream)?;
+        dev.upload(&scratch.pos, &positions, stream)?;
+        Ok(())
+    }
+
+    /// Queues the forward pass of the `n` tokens [`Model::prepare`] uploaded: launches
+    /// only, so it can run inside [`Device::capture`].
+    pub fn record(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        kv: &KvCache,
+        n: u32,
+        rows: LogitRows,
+    ) -> Result<()> {
+        let h = &self.hp;
+        if n == 0 || n > scratch.n_max {
+            return Err(ModelError::BadHParams(format!(
+                "a forward pass takes 1..={} tokens, got {n}",
+                scratch.n_max
+            )));
         }
         let (first, count) = match rows {
             LogitRows::Last => (n - 1, 1),
@@ -168,6 +194,17 @@ impl Model {
                 "{count} rows of logits asked for, the scratch holds {}",
                 scratch.logit_rows
             )));
+        }
+        let ops = Ops { dev, stream };
+        let s = scratch;
+        ops.embed_rows(&self.tok_embd, &s.ids, &s.x, n)?;
+        for (il, layer) in self.layers.iter().enumerate() {
+            // x -> x2 (attention residual) -> x (FFN residual)
+            self.attention(&ops, s, &layer.attn, kv, il, n)?;
+            ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
+            ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
+            self.ffn(&ops, s, &layer.ffn, n)?;
+            ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
         }
         let e = h.n_embd as usize;
         ops.rms_norm(
@@ -183,17 +220,16 @@ impl Model {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         ops: &Ops<'_>,
         s: &Scratch,
         a: &Attention,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
+        kv: &KvCache,
+        il: usize,
         n: u32,
-        pos0: u32,
     ) -> Result<()> {
+        let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
         ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
         ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
@@ -219,9 +255,10 @@ impl Model {
         };
         ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
-        ops.kv_store(k, &s.v, k_cache, v_cache, h.kv_dim(), pos0, n)?;
+        ops.kv_store(k, &s.v, &s.pos, k_cache, v_cache, h.kv_dim(), n, kv.n_ctx)?;
         ops.attention(
             q,
+            &s.pos,
             k_cache,
             v_cache,
             &s.att,
@@ -229,7 +266,7 @@ impl Model {
             h.n_head,
             h.n_head_kv,
             h.head_dim,
-            pos0,
+            kv.n_ctx,
             h.attn_scale,
         )?;
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;

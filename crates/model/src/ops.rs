@@ -175,20 +175,22 @@ impl Ops<'_> {
         &self,
         k: &DeviceBuffer<f32>,
         v: &DeviceBuffer<f32>,
+        pos: &DeviceBuffer<i32>,
         k_cache: &DeviceBuffer<u16>,
         v_cache: &DeviceBuffer<u16>,
         kv_dim: u32,
-        pos0: u32,
         n_tokens: u32,
+        n_ctx: u32,
     ) -> Result<()> {
         let args = Args::new()
             .read(k)
             .read(v)
+            .read(pos)
             .write(k_cache)
             .write(v_cache)
             .u32(kv_dim)
-            .u32(pos0)
-            .u32(n_tokens);
+            .u32(n_tokens)
+            .u32(n_ctx);
         self.launch(KernelId::KvStore, (n_tokens * kv_dim) as usize, args)
     }
 
@@ -196,6 +198,7 @@ impl Ops<'_> {
     pub fn attention(
         &self,
         q: &DeviceBuffer<f32>,
+        pos: &DeviceBuffer<i32>,
         k_cache: &DeviceBuffer<u16>,
         v_cache: &DeviceBuffer<u16>,
         out: &DeviceBuffer<f32>,
@@ -203,11 +206,12 @@ impl Ops<'_> {
         n_head: u32,
         n_kv_head: u32,
         head_dim: u32,
-        pos0: u32,
+        n_ctx: u32,
         scale: f32,
     ) -> Result<()> {
         let args = Args::new()
             .read(q)
+            .read(pos)
             .read(k_cache)
             .read(v_cache)
             .write(out)
@@ -215,7 +219,7 @@ impl Ops<'_> {
             .u32(n_head)
             .u32(n_kv_head)
             .u32(head_dim)
-            .u32(pos0)
+            .u32(n_ctx)
             .f32(scale);
         self.launch_cfg(
             KernelId::Attention,

@@ -73,17 +73,23 @@ fn run(
         d.alloc::<u16>(ctx * kv_dim).unwrap(),
     );
     let (bk, bv) = (upload(d, k), upload(d, v));
+    let all = upload(d, &(0..ctx as i32).collect::<Vec<_>>());
     launch(
         d,
         KernelId::KvStore,
         &Args::new()
             .read(&bk)
             .read(&bv)
+            .read(&all)
             .write(&kc)
             .write(&vc)
             .u32(kv_dim as u32)
-            .u32(0)
+            .u32(ctx as u32)
             .u32(ctx as u32),
+    );
+    let pos = upload(
+        d,
+        &(c.pos0 as i32..(c.pos0 + c.n_tokens) as i32).collect::<Vec<_>>(),
     );
     let bq = upload(d, q);
     let out = d.alloc::<f32>(c.n_tokens * c.n_head * c.head_dim).unwrap();
@@ -92,6 +98,7 @@ fn run(
         KernelId::Attention,
         &Args::new()
             .read(&bq)
+            .read(&pos)
             .read(&kc)
             .read(&vc)
             .write(&out)
@@ -99,7 +106,7 @@ fn run(
             .u32(c.n_head as u32)
             .u32(c.n_kv_head as u32)
             .u32(c.head_dim as u32)
-            .u32(c.pos0 as u32)
+            .u32(ctx as u32)
             .f32(scale),
     );
     out
@@ -180,24 +187,34 @@ fn attention_refuses_bad_shapes() {
     run(&d, &c, &q, &kv, &kv, 1.0);
     expect_kernel_error(&d, "attention", "n_head not a multiple of n_kv_head");
 
-    // A cache of 2 rows cannot serve tokens at positions 2 and 3.
+    // A cache of 2 rows cannot serve a token at position 2...
     let kc = upload(&d, &[0u16; 2 * 16]);
     let bq = upload(&d, &rng.vec(2 * 2 * 8, 1.0));
     let out = d.alloc::<f32>(2 * 2 * 8).unwrap();
-    launch(
-        &d,
-        KernelId::Attention,
-        &Args::new()
-            .read(&bq)
-            .read(&kc)
-            .read(&kc)
-            .write(&out)
-            .u32(2)
-            .u32(2)
-            .u32(2)
-            .u32(8)
-            .u32(2)
-            .f32(1.0),
-    );
-    expect_kernel_error(&d, "attention", "cache shorter than pos0 + n_tokens");
+    let attend = |pos: &[i32], n_ctx: u32| {
+        let pos = upload(&d, pos);
+        launch(
+            &d,
+            KernelId::Attention,
+            &Args::new()
+                .read(&bq)
+                .read(&pos)
+                .read(&kc)
+                .read(&kc)
+                .write(&out)
+                .u32(2)
+                .u32(2)
+                .u32(2)
+                .u32(8)
+                .u32(n_ctx)
+                .f32(1.0),
+        );
+    };
+    attend(&[1, 2], 2);
+    expect_kernel_error(&d, "attention", "a position past the cache");
+    attend(&[-1, 0], 2);
+    expect_kernel_error(&d, "attention", "a negative position");
+    // ...nor claim more rows than the buffers hold.
+    attend(&[0, 1], 3);
+    expect_kernel_error(&d, "attention", "n_ctx beyond the cache buffers");
 }

@@ -34,8 +34,8 @@ fn signature(k: KernelId) -> Vec<Arg> {
             v.push(U32);
             v
         }
-        KernelId::KvStore => vec![r(4), r(4), w(2), w(2), U32, U32, U32],
-        KernelId::Attention => vec![r(4), r(2), r(2), w(4), U32, U32, U32, U32, U32, F32],
+        KernelId::KvStore => vec![r(4), r(4), r(4), w(2), w(2), U32, U32, U32],
+        KernelId::Attention => vec![r(4), r(4), r(2), r(2), w(4), U32, U32, U32, U32, U32, F32],
         KernelId::RouterTopk => vec![r(4), w(4), w(4), U32, U32, U32, U32],
         KernelId::MulMatExperts => vec![r(1), r(4), r(4), w(4), Type, U32, U32, U32, U32, U32, U64],
         KernelId::MoeCombine => vec![r(4), r(4), w(4), U32, U32, U32],

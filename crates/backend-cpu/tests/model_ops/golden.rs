@@ -219,10 +219,20 @@ fn attention_matches_ggml() {
     );
     let want = g.f64s("out");
     let out = d.alloc::<f32>(want.len()).unwrap();
-    let mut args = Args::new().read(&bq).read(&kc).read(&vc).write(&out);
-    for &v in &ip {
+    // int_params: n_tokens, n_head, n_kv_head, head_dim, pos0 (the tokens' first position).
+    let (n_tokens, kv_dim, pos0) = (ip[0], ip[2] * ip[3], ip[4]);
+    let pos = upload(&d, &(pos0..pos0 + n_tokens).collect::<Vec<i32>>());
+    let n_ctx = g.u16s("k_cache").len() as u32 / kv_dim as u32;
+    let mut args = Args::new()
+        .read(&bq)
+        .read(&pos)
+        .read(&kc)
+        .read(&vc)
+        .write(&out);
+    for &v in &ip[..4] {
         args = args.u32(v as u32);
     }
+    args = args.u32(n_ctx);
     launch(
         &d,
         KernelId::Attention,

@@ -21,19 +21,26 @@ fn run(d: &Device, c: &Case, q: &[f32], k: &[f32], v: &[f32], cfg: &LaunchCfg) -
         d.alloc::<u16>(ctx * kv_dim).unwrap(),
     );
     let (bk, bv) = (upload(d, k), upload(d, v));
+    let all = upload(d, &(0..ctx as i32).collect::<Vec<_>>());
     let store = Args::new()
         .read(&bk)
         .read(&bv)
+        .read(&all)
         .write(&kc)
         .write(&vc)
         .u32(kv_dim as u32)
-        .u32(0)
+        .u32(ctx as u32)
         .u32(ctx as u32);
     launch(d, KernelId::KvStore, &ops_cfg(ctx * kv_dim), &store);
     let bq = upload(d, q);
     let out = d.alloc::<f32>(c.n_tokens * c.n_head * c.head_dim).unwrap();
+    let pos = upload(
+        d,
+        &(c.pos0 as i32..(c.pos0 + c.n_tokens) as i32).collect::<Vec<_>>(),
+    );
     let args = Args::new()
         .read(&bq)
+        .read(&pos)
         .read(&kc)
         .read(&vc)
         .write(&out)
@@ -41,7 +48,7 @@ fn run(d: &Device, c: &Case, q: &[f32], k: &[f32], v: &[f32], cfg: &LaunchCfg) -
         .u32(c.n_head as u32)
         .u32(c.n_kv_head as u32)
         .u32(c.head_dim as u32)
-        .u32(c.pos0 as u32)
+        .u32(ctx as u32)
         .f32(1.0 / (c.head_dim as f32).sqrt());
     launch(d, KernelId::Attention, cfg, &args);
     download(d, &out)

@@ -20,34 +20,38 @@ use super::par;
 use super::simd::{CacheRows, accumulate, round_to_f16, scores, store_f16};
 use crate::kernels::KernelArgs;
 
-/// `k_cache[pos0 + t] = f16(k[t])`, and likewise for v.
+/// The positions of a launch's tokens, each checked to lie inside the cache.
+fn positions(op: &str, pos: &[i32], n_tokens: usize, n_ctx: usize) -> Result<Vec<usize>, String> {
+    let pos = prefix(op, "pos", pos, &[n_tokens])?;
+    pos.iter()
+        .map(|&p| match usize::try_from(p) {
+            Ok(p) if p < n_ctx => Ok(p),
+            _ => Err(format!(
+                "{op}: position {p} is outside the cache's {n_ctx} rows"
+            )),
+        })
+        .collect()
+}
+
+/// `k_cache[pos[t]] = f16(k[t])`, and likewise for v.
 pub fn kv_store(a: &KernelArgs<'_>) -> Result<(), String> {
     const OP: &str = "kv_store";
     let k = a.buf::<f32>(0)?;
     let v = a.buf::<f32>(1)?;
-    let k_cache = a.buf_mut::<u16>(2)?;
-    let v_cache = a.buf_mut::<u16>(3)?;
-    let (kv_dim, pos0, n_tokens) = (a.u32(4)? as usize, a.u32(5)? as usize, a.u32(6)? as usize);
+    let pos = a.buf::<i32>(2)?;
+    let k_cache = a.buf_mut::<u16>(3)?;
+    let v_cache = a.buf_mut::<u16>(4)?;
+    let (kv_dim, n_tokens, n_ctx) = (a.u32(5)? as usize, a.u32(6)? as usize, a.u32(7)? as usize);
     let k = prefix(OP, "k", k, &[n_tokens, kv_dim])?;
     let v = prefix(OP, "v", v, &[n_tokens, kv_dim])?;
-    let start = elems(OP, "the cache rows before pos0", &[pos0, kv_dim])?;
-    let end = start
-        .checked_add(k.len())
-        .ok_or_else(|| format!("{OP}: cache row pos0 + n_tokens overflows"))?;
-    fits(
-        OP,
-        "k_cache (rows up to pos0 + n_tokens)",
-        end,
-        k_cache.len(),
-    )?;
-    fits(
-        OP,
-        "v_cache (rows up to pos0 + n_tokens)",
-        end,
-        v_cache.len(),
-    )?;
-    store_f16(k, &mut k_cache[start..end]);
-    store_f16(v, &mut v_cache[start..end]);
+    let rows = elems(OP, "the caches", &[n_ctx, kv_dim])?;
+    fits(OP, "k_cache (n_ctx rows)", rows, k_cache.len())?;
+    fits(OP, "v_cache (n_ctx rows)", rows, v_cache.len())?;
+    for (t, p) in positions(OP, pos, n_tokens, n_ctx)?.into_iter().enumerate() {
+        let (src, dst) = (t * kv_dim..(t + 1) * kv_dim, p * kv_dim..(p + 1) * kv_dim);
+        store_f16(&k[src.clone()], &mut k_cache[dst.clone()]);
+        store_f16(&v[src], &mut v_cache[dst]);
+    }
     Ok(())
 }
 
@@ -101,20 +105,21 @@ fn run_group<'a>(s: &Shape<'a>, t: usize, kv_head: usize, span: usize, out: &mut
     });
 }
 
-/// Causal attention of `n_tokens` new tokens (positions pos0..) over the cache, with
+/// Causal attention of `n_tokens` new tokens (token t at position pos[t]) over the cache, with
 /// `n_head / n_kv_head` query heads sharing each K/V head.
 pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
     const OP: &str = "attention";
     let q = a.buf::<f32>(0)?;
-    let k_cache = a.buf::<u16>(1)?;
-    let v_cache = a.buf::<u16>(2)?;
-    let out = a.buf_mut::<f32>(3)?;
-    let n_tokens = a.u32(4)? as usize;
-    let n_head = a.u32(5)? as usize;
-    let n_kv_head = a.u32(6)? as usize;
-    let head_dim = a.u32(7)? as usize;
-    let pos0 = a.u32(8)? as usize;
-    let scale = a.f32(9)?;
+    let pos = a.buf::<i32>(1)?;
+    let k_cache = a.buf::<u16>(2)?;
+    let v_cache = a.buf::<u16>(3)?;
+    let out = a.buf_mut::<f32>(4)?;
+    let n_tokens = a.u32(5)? as usize;
+    let n_head = a.u32(6)? as usize;
+    let n_kv_head = a.u32(7)? as usize;
+    let head_dim = a.u32(8)? as usize;
+    let n_ctx = a.u32(9)? as usize;
+    let scale = a.f32(10)?;
     if n_kv_head == 0 || !n_head.is_multiple_of(n_kv_head) {
         return Err(format!(
             "{OP}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}"
@@ -123,21 +128,9 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
     let q = prefix(OP, "q", q, &[n_tokens, n_head, head_dim])?;
     let out = prefix_mut(OP, "out", out, &[n_tokens, n_head, head_dim])?;
     let kv_dim = elems(OP, "a cache row", &[n_kv_head, head_dim])?;
-    let ctx = pos0
-        .checked_add(n_tokens)
-        .ok_or_else(|| format!("{OP}: pos0 + n_tokens overflows"))?;
-    let k = prefix(
-        OP,
-        "k_cache (rows up to pos0 + n_tokens)",
-        k_cache,
-        &[ctx, kv_dim],
-    )?;
-    let v = prefix(
-        OP,
-        "v_cache (rows up to pos0 + n_tokens)",
-        v_cache,
-        &[ctx, kv_dim],
-    )?;
+    let pos = positions(OP, pos, n_tokens, n_ctx)?;
+    let k = prefix(OP, "k_cache (n_ctx rows)", k_cache, &[n_ctx, kv_dim])?;
+    let v = prefix(OP, "v_cache (n_ctx rows)", v_cache, &[n_ctx, kv_dim])?;
     if n_tokens == 0 || n_head == 0 || head_dim == 0 {
         return Ok(());
     }
@@ -154,7 +147,7 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
     let group_len = s.group * head_dim;
     par::for_each_chunk(a.pool, out, group_len, |i, o| {
         let (t, kv_head) = (i / n_kv_head, i % n_kv_head);
-        run_group(&s, t, kv_head, pos0 + t + 1, o)
+        run_group(&s, t, kv_head, pos[t] + 1, o)
     });
     Ok(())
 }
