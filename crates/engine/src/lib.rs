@@ -4,9 +4,11 @@
 pub mod context;
 pub mod error;
 pub mod generate;
+pub mod kv_snapshot;
 pub mod sampler;
 
 pub use context::Context;
 pub use error::{EngineError, Result};
 pub use generate::{GenerateParams, Generation, StopReason, generate};
+pub use kv_snapshot::KvSnapshot;
 pub use sampler::{Sampler, SamplingParams};
