@@ -56,3 +56,39 @@ __device__ inline float strata_block_max(float v, float* scratch) {
     v = strata_lane() < n_waves ? scratch[strata_lane()] : -__builtin_huge_valf();
     return strata_wave_max(v);
 }
+
+// ---- 32-lane groups ------------------------------------------------------------------
+// The kernels of model.hip work in groups of STRATA_GROUP = 32 consecutive lanes: the unit
+// kernels-cuda/ calls a warp, and the width of their data (a 32-value quant block, a
+// 32-sub-block staging step, ggml's 16-lane vectors two at a time). A group is never
+// assumed to be a wavefront: wave32 hardware runs one group per wavefront, wave64 two, so
+// a block of any multiple of 32 threads works on both, and the results do not depend on
+// the wavefront size (every sum is formed in the same order on both). Cross-lane
+// operations stay inside the group: shuffles with width 32, and group_sync() for lanes
+// that exchange data through shared memory.
+#define STRATA_GROUP 32
+
+// This thread's lane in its group, its group in a 1-D block, and the groups of the block.
+__device__ inline int group_lane() { return (int)(threadIdx.x % STRATA_GROUP); }
+__device__ inline int group_id() { return (int)(threadIdx.x / STRATA_GROUP); }
+__device__ inline int groups_per_block() { return (int)(blockDim.x / STRATA_GROUP); }
+
+// Whether the block is made of whole groups, each inside one wavefront.
+__device__ inline bool whole_groups() {
+    return blockDim.x % STRATA_GROUP == 0 && warpSize % STRATA_GROUP == 0;
+}
+
+// `v` of lane (this lane ^ o) of the group.
+template <class T>
+__device__ inline T group_shfl_xor(T v, int o) {
+    return __shfl_xor(v, o, STRATA_GROUP);
+}
+
+// Orders the group's shared-memory writes before its lanes' later reads. The lanes of a
+// wavefront execute together, so a compiler barrier with wavefront-scope fences is enough
+// (HIP has no __syncwarp in every ROCm).
+__device__ inline void group_sync() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Writes kernels-cuda/quant_tables.cuh: the IQ grids, sign table and 4-bit value tables
-copied exactly from llama.cpp's ggml/src/ggml-common.h (format facts: data, not code).
+"""Writes kernels-cuda/quant_tables.cuh and kernels-hip/quant_tables.h (the same text): the
+IQ grids, sign table and 4-bit value tables copied exactly from llama.cpp's
+ggml/src/ggml-common.h (format facts: data, not code).
 
     python3 tools/gen_cuda_quant_tables.py [path/to/ggml-common.h]
 
@@ -56,7 +57,10 @@ def main() -> None:
                 word = b[4 * i] | b[4 * i + 1] << 8 | b[4 * i + 2] << 16 | b[4 * i + 3] << 24
                 out.append(f"#define {name.upper()}_W{i} 0x{word:08x}u")
             out.append("")
-    (ROOT / "kernels-cuda" / "quant_tables.cuh").write_text("\n".join(out))
+    text = "\n".join(out)
+    (ROOT / "kernels-cuda" / "quant_tables.cuh").write_text(text)
+    # The HIP kernels include the same tables (crates/backend-hip's tests check the copy).
+    (ROOT / "kernels-hip" / "quant_tables.h").write_text(text)
 
 
 if __name__ == "__main__":

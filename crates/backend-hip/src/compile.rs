@@ -21,8 +21,12 @@ use crate::ffi::{self, HIPRTC_SUCCESS, RtcApi, RtcProgram, RtcResult};
 use crate::runtime;
 
 /// Options besides the target and defines; part of the cache key. Warnings are on so a
-/// compile test can refuse them; at run time they only reach the debug log.
-pub(crate) const BASE_OPTIONS: &[&str] = &["-O3", "-std=c++17", "-Wall", "-Wextra"];
+/// compile test can refuse them; at run time they only reach the debug log. No FP
+/// contraction: ROCm's `__fmul_rn`/`__fadd_rn` are plain operators that clang's default
+/// (`fast`) fuses into an FMA, which would break the kernels' bit-exact numerics; only an
+/// explicit `fmaf` fuses (as in CUDA, where the `_rn` intrinsics never fuse).
+pub(crate) const BASE_OPTIONS: &[&str] =
+    &["-O3", "-std=c++17", "-ffp-contract=off", "-Wall", "-Wextra"];
 /// Bump to invalidate every cached code object (e.g. when the key's layout changes).
 const CACHE_FORMAT: &str = "strata-hip-kernel-cache-v1";
 /// ELF `e_machine` of AMD GPU code objects.

@@ -342,22 +342,55 @@ mod tests {
     }
 
     #[test]
-    fn the_conformance_kernels_are_all_defined_with_sized_signatures() {
+    fn every_kernel_of_the_cuda_twins_is_defined_with_a_sized_signature() {
+        // The kernel table resolves `KernelId` -> (module, name) in these sources, as
+        // backend-cuda's does in kernels-cuda/: a kernel CUDA defines in a module that
+        // HIP has too must be defined here, or the HIP backend would report it
+        // unsupported. The conformance and model modules must be complete.
         let declared = declared();
-        for id in KernelId::ALL
-            .iter()
-            .filter(|id| id.module() == "conformance")
-        {
+        let cuda_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda");
+        let modules = kernel_modules();
+        assert!(modules.contains(&"conformance") && modules.contains(&"model"));
+        for id in KernelId::ALL {
+            let cuda = std::fs::read_to_string(cuda_dir.join(format!("{}.cu", id.module())))
+                .unwrap_or_default();
+            let in_cuda = cuda.contains(&format!("extern \"C\" __global__ void {}(", id.name()));
+            let required = matches!(id.module(), "conformance" | "model")
+                || (in_cuda && modules.contains(&id.module()));
+            if !required {
+                continue;
+            }
             assert!(
                 declared
                     .iter()
-                    .any(|(n, m)| n == id.name() && *m == "conformance"),
-                "{} missing from kernels-hip/conformance.hip",
-                id.name()
+                    .any(|(n, m)| n == id.name() && *m == id.module()),
+                "{} missing from kernels-hip/{}.hip",
+                id.name(),
+                id.module()
             );
-            let src = source_of("conformance").unwrap_or_default();
+            let src = source_of(id.module()).unwrap_or_default();
             assert!(param_sizes(src, id.name()).is_some(), "{}", id.name());
         }
+    }
+
+    #[test]
+    fn the_quant_tables_are_the_cuda_tables() {
+        // tools/gen_cuda_quant_tables.py writes both from llama.cpp's ggml-common.h, and
+        // backend-cuda's model_tables test checks them against strata-quant's tables.
+        let hip = KERNEL_HEADERS
+            .iter()
+            .find(|(n, _)| *n == "quant_tables.h")
+            .map(|(_, t)| *t);
+        let cuda = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels-cuda/quant_tables.cuh"),
+        )
+        .ok();
+        assert!(hip.is_some() && cuda.is_some());
+        assert!(
+            hip == cuda.as_deref(),
+            "kernels-hip/quant_tables.h differs from kernels-cuda/quant_tables.cuh: \
+             run tools/gen_cuda_quant_tables.py"
+        );
     }
 
     #[test]

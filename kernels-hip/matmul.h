@@ -1,0 +1,345 @@
+// Matrix products y = x·Wᵀ for mul_mat and mul_mat_experts (HIP twin of
+// kernels-cuda/matmul.cuh, in 32-lane groups where CUDA has warps), numerically as the CPU
+// backend (ggml's CPU path) computes them: each activation row is quantised to the weight
+// format's vec_dot_type (Q8_0, Q8_1 or Q8_K, bit-exact with ggml's reference quantisers)
+// and every weight block is dotted with it in integers; float weights are dotted with the
+// activation rounded to the weight's own type.
+//
+// Work: a block takes units of (a tile of up to MM_TOKENS activation rows, MM_GROUPS·
+// MM_ROWS weight rows). Per unit it quantises the tile's activations into shared memory
+// (MM_ACT_VALUES values; longer rows go in chunks; kept across units of the same tile when
+// the row fits), then each group walks its weight rows: 32 sub-blocks (1,024 values) at a
+// time are copied into the group's staging buffer with coalesced 16-byte loads, and lane j
+// dots sub-block j with every activation row of the tile.
+#pragma once
+
+#include "common.h"
+#include "quant.h"
+
+#define MM_TOKENS 8        // activation rows per tile
+#define MM_ACT_VALUES 16384 // quantised activation values staged per block (whole tile)
+#define MM_GROUPS 8        // groups that compute (each has a staging buffer)
+#define MM_ROWS 2          // weight rows per group per unit
+#define MM_STEP (STRATA_GROUP * 32) // values per staging step: 32 lanes x 32 values
+#define MM_STAGE_BYTES (34 * 32 + 32) // Q8_0's 1,024 values (the largest) + alignment slack
+
+struct MmShared {
+    int8_t q[MM_ACT_VALUES];          // activation quants
+    float d[MM_ACT_VALUES / 32];      // scale of each 32 values (Q8_K: its block's, repeated)
+    float s[MM_ACT_VALUES / 32];      // Q8_1's d·Σq, f16-rounded
+    u32x4 stage[MM_GROUPS][MM_STAGE_BYTES / 16];
+};
+
+// What one unit computes: `tn` activation rows (x + i·x_stride) against weight rows
+// r0.. of the matrix at `w` (rows of `row_bytes`), into y + i·y_stride + row.
+struct MmUnit {
+    const uint8_t* w;
+    uint64_t row_bytes;
+    const float* x;
+    uint64_t x_stride;
+    float* y;
+    uint64_t y_stride;
+    int tn;
+    uint32_t r0;
+    uint32_t m;
+    uint32_t k;
+    uint64_t act_key;  // identifies the activation rows (for reusing staged quants)
+};
+
+// ---- activation quantisation (ggml's quantize_row_q8_0/q8_1/q8_K_ref) --------------------
+
+// Values [k0, k0 + len) of each tile row into shared memory at row i · len.
+template <int ACT>
+__device__ void quantise_tile(MmShared& sh, const MmUnit& u, uint32_t k0, uint32_t len) {
+    const int lane = group_lane(), grp = group_id(), ngrp = groups_per_block();
+    if (ACT == ACT_Q8_K) {
+        const uint32_t per_row = len / 256, blocks = per_row * u.tn;
+        for (uint32_t b = grp; b < blocks; b += ngrp) {
+            const uint32_t i = b / per_row, off = (b % per_row) * 256;
+            const float* xr = u.x + i * u.x_stride + k0 + off;
+            float v[8];
+            float amax = 0.0f, vmax = 0.0f;
+            int at = 0x7fffffff;
+            // The signed value of largest magnitude, the first one on ties.
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                v[r] = xr[lane + STRATA_GROUP * r];
+                float a = fabsf(v[r]);
+                if (a > amax) {
+                    amax = a;
+                    vmax = v[r];
+                    at = lane + STRATA_GROUP * r;
+                }
+            }
+            for (int o = STRATA_GROUP / 2; o > 0; o >>= 1) {
+                float a2 = group_shfl_xor(amax, o);
+                float v2 = group_shfl_xor(vmax, o);
+                int at2 = group_shfl_xor(at, o);
+                if (a2 > amax || (a2 == amax && at2 < at)) {
+                    amax = a2;
+                    vmax = v2;
+                    at = at2;
+                }
+            }
+            int8_t* q = sh.q + i * len + off;
+            if (amax == 0.0f) {
+#pragma unroll
+                for (int r = 0; r < 8; r++) q[lane + STRATA_GROUP * r] = 0;
+                if (lane < 8) sh.d[(i * len + off) / 32 + lane] = 0.0f;
+                continue;
+            }
+            const float iscale = -127.0f / vmax;
+#pragma unroll
+            for (int r = 0; r < 8; r++) {
+                int qi = __float2int_rn(__fmul_rn(iscale, v[r]));
+                q[lane + STRATA_GROUP * r] = (int8_t)min(qi, 127);
+            }
+            if (lane < 8) sh.d[(i * len + off) / 32 + lane] = 1.0f / iscale;
+        }
+    } else {
+        const uint32_t per_row = len / 32, blocks = per_row * u.tn;
+        for (uint32_t b = grp; b < blocks; b += ngrp) {
+            const uint32_t i = b / per_row, off = (b % per_row) * 32;
+            const float v = u.x[i * u.x_stride + k0 + off + lane];
+            const float amax = group_max(fabsf(v));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const int qi = (int)roundf(__fmul_rn(v, id));
+            sh.q[i * len + off + lane] = (int8_t)qi;
+            if (ACT == ACT_Q8_1) {
+                const int sum = group_sum_i32(qi);
+                if (lane == 0) sh.s[(i * len + off) / 32] = round_to_f16(__fmul_rn((float)sum, d));
+            }
+            if (lane == 0) sh.d[(i * len + off) / 32] = round_to_f16(d);
+        }
+    }
+}
+
+// ---- quantised weights -------------------------------------------------------------------
+
+// Copies `bytes` bytes from `src` into the group's staging buffer with aligned 16-byte
+// loads; returns where `src` landed. The loads cover the 16-byte segments holding the
+// range, so they may read up to 15 bytes before and after it, never past the segment of
+// a byte that is in the buffer (allocations are at least 256-byte aligned).
+__device__ __forceinline__ const uint8_t* stage_bytes(u32x4* stage, const uint8_t* src,
+                                                      uint32_t bytes) {
+    const int lane = group_lane();
+    const uint64_t a = (uint64_t)src;
+    const uint64_t a0 = a & ~(uint64_t)15;
+    const uint32_t n16 = (uint32_t)((a + bytes - a0 + 15) >> 4);
+    const u32x4* from = (const u32x4*)a0;
+    for (uint32_t i = lane; i < n16; i += STRATA_GROUP) stage[i] = from[i];
+    group_sync();
+    return (const uint8_t*)stage + (a - a0);
+}
+
+// One decoded weight sub-block dotted with 32 staged activation values.
+template <class F>
+__device__ __forceinline__ float dot_sub(const Sub& s, const MmShared& sh, uint32_t at) {
+    const int* a = (const int*)(sh.q + at);
+    int isum0 = 0, isum1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        isum0 = dp4a(s.q[i], a[i], isum0);
+        isum1 = dp4a(s.q[4 + i], a[4 + i], isum1);
+    }
+    const float da = sh.d[at / 32];
+    float r = __fmul_rn(s.d, da) * (float)(s.sc[0] * isum0 + s.sc[1] * isum1);
+    if (F::MIN) {
+        int b0 = 0, b1 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            b0 = dp4a(0x01010101, a[i], b0);
+            b1 = dp4a(0x01010101, a[4 + i], b1);
+        }
+        r -= __fmul_rn(s.dmin, da) * (float)(s.mn[0] * b0 + s.mn[1] * b1);
+    }
+    if (F::OFFSET) r += s.m * sh.s[at / 32];
+    return r;
+}
+
+template <class F>
+__device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_key) {
+    const int lane = group_lane(), grp = group_id();
+    const int ngrp = min(groups_per_block(), MM_GROUPS);
+    constexpr int SUBS = F::QK / 32;  // sub-blocks per block
+    // Chunk: as many values of every tile row as fit, a whole number of staging steps so
+    // each lane meets the same sub-blocks in the same order whatever the tile's size (a
+    // row's result does not depend on the batch it came in).
+    uint32_t chunk = (MM_ACT_VALUES / u.tn) / MM_STEP * MM_STEP;
+    if (chunk >= u.k) chunk = u.k;
+    const bool whole = chunk == u.k;
+    float acc[MM_ROWS][MM_TOKENS];
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < MM_TOKENS; i++) acc[r][i] = 0.0f;
+
+    for (uint32_t k0 = 0; k0 < u.k; k0 += chunk) {
+        const uint32_t len = min(chunk, u.k - k0);
+        if (!(whole && staged_key == u.act_key)) {
+            __syncthreads();  // every group is done with the previous quants
+            quantise_tile<F::ACT>(sh, u, k0, len);
+            __syncthreads();
+            staged_key = whole ? u.act_key : ~(uint64_t)0;
+        }
+        if (grp >= ngrp) continue;
+#pragma unroll
+        for (int rr = 0; rr < MM_ROWS; rr++) {
+            const uint32_t row = u.r0 + (uint32_t)(rr * ngrp + grp);
+            if (row >= u.m) continue;  // (not break: hipcc unrolls no loop with an exit)
+            const uint8_t* wrow = u.w + row * u.row_bytes + (uint64_t)(k0 / F::QK) * F::BYTES;
+            for (uint32_t v0 = 0; v0 < len; v0 += MM_STEP) {
+                const uint32_t nv = min((uint32_t)MM_STEP, len - v0);
+                const uint8_t* blocks = stage_bytes(sh.stage[grp],
+                                                    wrow + (uint64_t)(v0 / F::QK) * F::BYTES,
+                                                    nv / F::QK * F::BYTES);
+                if ((uint32_t)lane * 32 < nv) {
+                    Sub s;
+                    F::decode(blocks + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+#pragma unroll
+                    for (int i = 0; i < MM_TOKENS; i++)
+                        if (i < u.tn) acc[rr][i] += dot_sub<F>(s, sh, i * len + v0 + lane * 32);
+                }
+                group_sync();  // the staging buffer is refilled next step
+            }
+        }
+    }
+    if (grp >= ngrp) return;
+#pragma unroll
+    for (int rr = 0; rr < MM_ROWS; rr++) {
+        const uint32_t row = u.r0 + (uint32_t)(rr * ngrp + grp);
+        if (row >= u.m) continue;
+#pragma unroll
+        for (int i = 0; i < MM_TOKENS; i++) {
+            if (i < u.tn) {
+                const float v = group_sum(acc[rr][i]);
+                if (lane == 0) u.y[i * u.y_stride + row] = v;
+            }
+        }
+    }
+}
+
+// ---- float weights: F32 (f32 activations), F16 and BF16 (activations rounded alike) ------
+
+template <int T>
+__device__ __forceinline__ float float_weight(const uint8_t* w, uint64_t e) {
+    if (T == T_F32) return ((const float*)w)[e];
+    if (T == T_F16) return f16_to_f32(((const uint16_t*)w)[e]);
+    return bf16_to_f32(((const uint16_t*)w)[e]);
+}
+
+template <int T>
+__device__ __forceinline__ float float_act(float x) {
+    if (T == T_F16) return round_to_f16(x);
+    if (T == T_BF16) return round_to_bf16(x);
+    return x;
+}
+
+template <int T>
+__device__ void mm_float_unit(const MmUnit& u) {
+    const int lane = group_lane(), grp = group_id();
+    const int ngrp = min(groups_per_block(), MM_GROUPS);
+    if (grp >= ngrp) return;
+    constexpr int ES = T == T_F32 ? 4 : 2;  // bytes per weight
+    for (int rr = 0; rr < MM_ROWS; rr++) {
+        const uint32_t row = u.r0 + (uint32_t)(rr * ngrp + grp);
+        if (row >= u.m) break;
+        const uint8_t* wrow = u.w + row * u.row_bytes;
+        float acc[MM_TOKENS];
+#pragma unroll
+        for (int i = 0; i < MM_TOKENS; i++) acc[i] = 0.0f;
+        // 8 weights per lane and step, with one 16-byte (F16/BF16) or two (F32) loads
+        // when the row is aligned for them.
+        const bool vec = ((uint64_t)wrow & 15) == 0;
+        for (uint32_t e0 = lane * 8; e0 < u.k; e0 += STRATA_GROUP * 8) {
+            float wv[8];
+            if (vec && e0 + 8 <= u.k) {
+                const u32x4* p = (const u32x4*)(wrow + (uint64_t)e0 * ES);
+                if (T == T_F32) {
+                    const u32x4 a = p[0], b = p[1];
+                    wv[0] = __uint_as_float(a.x); wv[1] = __uint_as_float(a.y);
+                    wv[2] = __uint_as_float(a.z); wv[3] = __uint_as_float(a.w);
+                    wv[4] = __uint_as_float(b.x); wv[5] = __uint_as_float(b.y);
+                    wv[6] = __uint_as_float(b.z); wv[7] = __uint_as_float(b.w);
+                } else {
+                    const u32x4 a = p[0];
+                    const uint32_t h[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint16_t lo = (uint16_t)(h[j] & 0xffffu), hi = (uint16_t)(h[j] >> 16);
+                        wv[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                        wv[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    wv[j] = e0 + j < u.k ? float_weight<T>(wrow, e0 + j) : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < MM_TOKENS; i++) {
+                if (i >= u.tn) continue;
+                const float* xr = u.x + i * u.x_stride;
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (e0 + j < u.k) acc[i] = fmaf(wv[j], float_act<T>(xr[e0 + j]), acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MM_TOKENS; i++) {
+            if (i < u.tn) {
+                const float v = group_sum(acc[i]);
+                if (lane == 0) u.y[i * u.y_stride + row] = v;
+            }
+        }
+    }
+}
+
+// Bytes of one row of `k` values of `type`, or 0 for a type this file cannot multiply.
+__device__ __forceinline__ uint64_t mm_row_bytes(uint32_t type, uint32_t k) {
+    switch (type) {
+        case T_F32: return (uint64_t)k * 4;
+        case T_F16:
+        case T_BF16: return (uint64_t)k * 2;
+#define MM_ROW_BYTES(id, F) \
+    case id: return (uint64_t)(k / F::QK) * F::BYTES;
+        QUANT_FORMATS(MM_ROW_BYTES)
+#undef MM_ROW_BYTES
+        default: return 0;
+    }
+}
+
+// Whether `k` is a whole number of `type`'s weight and activation blocks.
+__device__ __forceinline__ bool mm_shape_ok(uint32_t type, uint32_t k) {
+    switch (type) {
+        case T_F32:
+        case T_F16:
+        case T_BF16: return true;
+#define MM_SHAPE(id, F) \
+    case id: return k % F::QK == 0 && k % (F::ACT == ACT_Q8_K ? 256 : 32) == 0;
+        QUANT_FORMATS(MM_SHAPE)
+#undef MM_SHAPE
+        default: return false;
+    }
+}
+
+// Runs one unit with the code for `type` (which mm_shape_ok accepted).
+__device__ __forceinline__ void mm_unit(MmShared& sh, uint32_t type, const MmUnit& u,
+                                        uint64_t& staged_key) {
+    switch (type) {
+        case T_F32: mm_float_unit<T_F32>(u); break;
+        case T_F16: mm_float_unit<T_F16>(u); break;
+        case T_BF16: mm_float_unit<T_BF16>(u); break;
+#define MM_CASE(id, F) \
+    case id: mm_quant_unit<F>(sh, u, staged_key); break;
+        QUANT_FORMATS(MM_CASE)
+#undef MM_CASE
+        default: break;
+    }
+}
+
+// Rows of weights one unit covers for this block shape.
+__device__ __forceinline__ uint32_t mm_rows_per_unit() {
+    return (uint32_t)min(groups_per_block(), MM_GROUPS) * MM_ROWS;
+}
