@@ -23,6 +23,57 @@ pub struct Args {
     /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Launch every decode kernel instead of replaying the captured step graph.
+    #[arg(long)]
+    pub no_graphs: bool,
+    /// Also measure the device's copy bandwidth (2 GiB of buffers) and report decode as
+    /// a fraction of that roofline.
+    #[arg(long)]
+    pub roofline: bool,
+}
+
+/// Bytes of weights one decode token reads: every matrix once, the routed experts'
+/// share of each expert tensor (n_used of n_expert), one row of the token embedding
+/// (all of it when it doubles as the output matrix).
+fn weight_bytes_per_token(model: &strata_model::Model) -> f64 {
+    let tied = model.gguf.tensor("output.weight").is_none();
+    let (used, experts) = model
+        .hp
+        .moe
+        .as_ref()
+        .map_or((1.0, 1.0), |m| (m.n_expert_used as f64, m.n_expert as f64));
+    model
+        .gguf
+        .tensors()
+        .iter()
+        .map(|t| {
+            let bytes = t.n_bytes as f64;
+            if t.name.contains("_exps") {
+                bytes * used / experts
+            } else if t.name == "token_embd.weight" && !tied {
+                bytes / t.dims.get(1).copied().unwrap_or(1).max(1) as f64
+            } else {
+                bytes
+            }
+        })
+        .sum()
+}
+
+/// Device-to-device copy bandwidth (bytes read + bytes written per second), the
+/// roofline a decode step's weight reads are measured against.
+fn copy_bandwidth(dev: &strata_core::Device) -> anyhow::Result<f64> {
+    let len = 256usize << 20; // 1 GiB of f32
+    let (a, b) = (dev.alloc::<f32>(len)?, dev.alloc::<f32>(len)?);
+    let stream = dev.main_stream();
+    dev.copy(&a, &b, stream)?;
+    dev.synchronize()?;
+    let reps = 10;
+    let t = Instant::now();
+    for _ in 0..reps {
+        dev.copy(&a, &b, stream)?;
+    }
+    dev.synchronize()?;
+    Ok(2.0 * (len * 4 * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -33,14 +84,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let vocab = loaded.model.hp.n_vocab;
     let mut rng = strata_engine::sampler::Rng::new(42);
     let reps = args.reps.max(1);
-    let (mut pp_s, mut tg_s) = (0.0, 0.0);
-    for rep in 0..reps {
+    let new_context = || -> anyhow::Result<Context> {
         let mut ctx = Context::new(
             loaded.model.clone(),
             loaded.dev.clone(),
             loaded.n_ctx,
             model_args.batch,
         )?;
+        ctx.set_graphs(!args.no_graphs);
+        Ok(ctx)
+    };
+    // Warm-up (as llama-bench does): kernel compilation and the decode graph's capture
+    // are not part of the figures.
+    {
+        let mut ctx = new_context()?;
+        ctx.eval(&[1, 2, 3, 4])?;
+        ctx.eval(&[5])?;
+        ctx.eval(&[6])?;
+    }
+    let (mut pp_s, mut tg_s) = (0.0, 0.0);
+    for rep in 0..reps {
+        let mut ctx = new_context()?;
         if args.n_prompt > 0 {
             let prompt: Vec<u32> = (0..args.n_prompt)
                 .map(|_| (rng.next_u64() % vocab as u64) as u32)
@@ -71,6 +135,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         0.0
     };
     let info = loaded.dev.info();
+    let weight_bytes = weight_bytes_per_token(&loaded.model);
+    let bandwidth = if args.roofline {
+        Some(copy_bandwidth(&loaded.dev)?)
+    } else {
+        None
+    };
+    let roofline = bandwidth.map(|bw| tg * weight_bytes / bw);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
         let obj = serde_json::json!({
@@ -84,6 +155,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "decode_tokens": args.n_gen,
             "decode_tokens_per_s": tg,
             "repetitions": reps,
+            "graphs": !args.no_graphs,
+            "weight_bytes_per_token": weight_bytes,
+            "device_copy_bytes_per_s": bandwidth,
+            "decode_roofline_fraction": roofline,
         });
         println!("{obj}");
     } else {
@@ -99,6 +174,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
+        println!("weights read per decode token: {:.3} GB", weight_bytes / 1e9);
+        if let (Some(bw), Some(f)) = (bandwidth, roofline) {
+            println!(
+                "device copy bandwidth {:.0} GB/s; decode at {:.1}% of that roofline",
+                bw / 1e9,
+                100.0 * f
+            );
+        }
     }
     Ok(())
 }

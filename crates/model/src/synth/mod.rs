@@ -18,6 +18,7 @@
 
 mod blocks;
 mod plan;
+mod prefetch;
 mod rng;
 mod spec;
 mod vocab;
@@ -135,11 +136,13 @@ fn writer(spec: &SynthSpec) -> Result<GgufWriter<'_>, SynthError> {
         }
     }
 
-    for t in plan::tensors(spec, n_vocab) {
-        let name = t.name.clone();
-        let dims = t.dims.clone();
-        let ty = t.ty;
-        w.add_tensor_with(&name, &dims, ty, move |out| fill_tensor(spec, &t, out))?;
+    let tensors = plan::tensors(spec, n_vocab);
+    let ahead = prefetch::Prefetcher::new(spec, &tensors);
+    for (i, t) in tensors.iter().enumerate() {
+        let ahead = ahead.clone();
+        w.add_tensor_with(&t.name, &t.dims, t.ty, move |out| {
+            out.write_all(&ahead.take(i)?)
+        })?;
     }
     Ok(w)
 }
