@@ -1,47 +1,93 @@
-//! The engine handle: one worker thread owns the device's contexts and serves queued
-//! requests one at a time (like llama.cpp's server queue with a single slot). A request
-//! reaches it through a channel and gets its text back through its own channel; when the
-//! HTTP side drops that channel's receiver (the client went away) generation stops at the
-//! next token.
+//! The engine handle, the HTTP side of the queue. Split as llama.cpp's server is: the
+//! HTTP handlers make a [`Task`] and [`Engine::submit`] it; one scheduler thread
+//! (`scheduler`) owns the device's contexts, gives each admitted task a slot (`slot`) and
+//! steps every busy slot in turn, one forward pass at a time, so requests are served
+//! concurrently. A task's output comes back as [`Event`]s on its own unbounded channel,
+//! so a slow client never holds up the scheduler; when the HTTP side drops the receiver
+//! (the client left), the slot notices before its next token and stops.
 
-use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::Instant;
 
 use strata_core::Device;
-use strata_engine::{Context, GenerateParams, StopReason, generate};
+use strata_engine::{GenerateParams, StopReason};
 use strata_model::Model;
 use strata_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ServerError;
 use crate::metrics::Metrics;
-use crate::park::ParkedContexts;
+use crate::park::ParkConfig;
+use crate::scheduler::Scheduler;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Positions per context.
     pub n_ctx: u32,
-    /// Most tokens per forward pass.
+    /// Most tokens per forward pass (a prompt is fed in steps of this many).
     pub n_batch: u32,
-    /// Conversations kept with their K/V after a request (`--park-slots`).
-    pub park_slots: usize,
+    /// Contexts on the device, so requests served at once (`--parallel`).
+    pub parallel: usize,
+    /// Where finished conversations' K/V is parked.
+    pub park: ParkConfig,
     /// Most requests waiting or being served; more are refused (503) rather than queued
     /// without bound.
     pub max_queue: usize,
 }
 
-/// One request for the worker.
-pub struct Job {
-    pub tokens: Vec<u32>,
-    pub params: GenerateParams,
-    pub events: UnboundedSender<Event>,
+impl EngineConfig {
+    /// A config with host parking of `park_mib` and no disk.
+    pub fn new(n_ctx: u32, n_batch: u32, parallel: usize, park_mib: usize) -> Self {
+        EngineConfig {
+            n_ctx,
+            n_batch,
+            parallel,
+            park: ParkConfig {
+                host_bytes: park_mib << 20,
+                dir: None,
+                disk_bytes: 0,
+            },
+            max_queue: 64,
+        }
+    }
+
+    pub fn with_park_dir(mut self, dir: PathBuf, disk_mib: usize) -> Self {
+        self.park.dir = Some(dir);
+        self.park.disk_bytes = disk_mib << 20;
+        self
+    }
 }
 
-/// What the worker sends back for a job, in order: texts, then one `Done` or `Failed`.
+/// One request for the scheduler.
+pub struct Task {
+    pub tokens: Vec<u32>,
+    pub params: GenerateParams,
+    /// Log-probabilities per generated token: `Some(n)` with the `n` most likely
+    /// alternatives (0: the chosen token's alone).
+    pub logprobs: Option<usize>,
+    /// Whether a parked or resident prefix may be reused (llama.cpp's `cache_prompt`).
+    pub reuse_prefix: bool,
+    pub events: UnboundedSender<Event>,
+    pub queued_at: Instant,
+}
+
+/// A token's log-probability, with its text and bytes as OpenAI gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// The most likely tokens at this step, most likely first.
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// What the scheduler sends back for a task, in order: texts, then one `Done` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
-    Text(String),
+    /// Text now final, and the log-probabilities of the tokens it came from (when asked).
+    Text(String, Vec<TokenLogprob>),
     Done(Finished),
     Failed(String),
 }
@@ -51,12 +97,19 @@ pub struct Finished {
     pub stop: StopReason,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
-    /// Prompt tokens whose K/V came from a parked conversation.
+    /// Prompt tokens whose K/V was reused (parked or still resident).
     pub reused_tokens: usize,
 }
 
+/// What the scheduler thread receives.
+pub enum Message {
+    Task(Task),
+    /// Cancel everything and stop; the sender is told once parked files are removed.
+    Stop(mpsc::Sender<()>),
+}
+
 pub struct Engine {
-    jobs: mpsc::Sender<Job>,
+    messages: mpsc::Sender<Message>,
     pub tokenizer: Arc<Tokenizer>,
     pub n_ctx: usize,
     max_queue: usize,
@@ -64,7 +117,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the worker thread that owns `dev`'s contexts for `model`.
+    /// Starts the scheduler thread that owns `dev`'s contexts for `model`.
     pub fn start(
         model: Arc<Model>,
         dev: Device,
@@ -72,21 +125,14 @@ impl Engine {
         config: EngineConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let worker = Worker {
-            model,
-            dev,
-            tokenizer: tokenizer.clone(),
-            config: config.clone(),
-            parked: ParkedContexts::new(config.park_slots),
-            metrics: metrics.clone(),
-        };
+        let (tx, rx) = mpsc::channel::<Message>();
+        let scheduler = Scheduler::new(model, dev, tokenizer.clone(), &config, metrics.clone())?;
         std::thread::Builder::new()
-            .name("strata-engine".into())
-            .spawn(move || worker.run(rx))
+            .name("strata-scheduler".into())
+            .spawn(move || scheduler.run(rx))
             .map_err(ServerError::Worker)?;
         Ok(Engine {
-            jobs: tx,
+            messages: tx,
             tokenizer,
             n_ctx: config.n_ctx as usize,
             max_queue: config.max_queue,
@@ -94,91 +140,26 @@ impl Engine {
         })
     }
 
-    /// Queues `job`; its events arrive on the job's channel.
-    pub fn submit(&self, job: Job) -> Result<(), ServerError> {
+    /// Queues `task`; its events arrive on the task's channel.
+    pub fn submit(&self, task: Task) -> Result<(), ServerError> {
         let before = self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
         if before >= self.max_queue as u64 {
             self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             return Err(ServerError::Busy(self.max_queue));
         }
-        self.jobs.send(job).map_err(|_| {
+        self.messages.send(Message::Task(task)).map_err(|_| {
             self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             ServerError::EngineStopped
         })
     }
-}
 
-struct Worker {
-    model: Arc<Model>,
-    dev: Device,
-    tokenizer: Arc<Tokenizer>,
-    config: EngineConfig,
-    parked: ParkedContexts,
-    metrics: Arc<Metrics>,
-}
-
-impl Worker {
-    fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            if !job.events.is_closed() {
-                let events = job.events.clone();
-                // A panic fails this request only: its context is dropped, the worker lives on.
-                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| self.serve(job)))
-                    .unwrap_or_else(|_| {
-                        Err("the engine panicked while serving this request".into())
-                    });
-                if let Err(message) = outcome {
-                    Metrics::add(&self.metrics.requests_failed_total, 1);
-                    tracing::error!("request failed: {message}");
-                    let _ = events.send(Event::Failed(message));
-                }
-            }
-            self.metrics
-                .parked_conversations
-                .store(self.parked.len() as u64, Ordering::Relaxed);
-            self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    /// Cancels what is queued or running, removes parked files and stops the scheduler;
+    /// waits at most `timeout` for it.
+    pub fn stop(&self, timeout: std::time::Duration) {
+        let (tx, rx) = mpsc::channel();
+        if self.messages.send(Message::Stop(tx)).is_ok() {
+            let _ = rx.recv_timeout(timeout);
         }
-    }
-
-    fn serve(&mut self, job: Job) -> Result<(), String> {
-        let taken = self.parked.take(&job.tokens);
-        let mut ctx = match taken.ctx {
-            Some(ctx) => ctx,
-            None => Context::new(
-                self.model.clone(),
-                self.dev.clone(),
-                self.config.n_ctx,
-                self.config.n_batch,
-            )
-            .map_err(|e| format!("creating a context: {e}"))?,
-        };
-        let reused = taken.reused;
-        let new_tokens = &job.tokens[reused..];
-        if reused > 0 {
-            eprintln!(
-                "strata: resumed a parked conversation: reused {reused} tokens, read {}",
-                new_tokens.len()
-            );
-            Metrics::add(&self.metrics.resumed_tokens_total, reused as u64);
-        }
-        let events = &job.events;
-        let generation = generate(&mut ctx, &self.tokenizer, new_tokens, &job.params, |text| {
-            events.send(Event::Text(text.to_string())).is_ok()
-        })
-        .map_err(|e| e.to_string())?;
-        Metrics::add(&self.metrics.prompt_tokens_total, job.tokens.len() as u64);
-        Metrics::add(
-            &self.metrics.completion_tokens_total,
-            generation.tokens.len() as u64,
-        );
-        self.parked.park(ctx);
-        let _ = events.send(Event::Done(Finished {
-            stop: generation.stop,
-            prompt_tokens: job.tokens.len(),
-            completion_tokens: generation.tokens.len(),
-            reused_tokens: reused,
-        }));
-        Ok(())
     }
 }
 
@@ -200,20 +181,23 @@ mod tests {
         let (tx, _rx) = mpsc::channel();
         let metrics = Arc::new(Metrics::default());
         let engine = Engine {
-            jobs: tx,
+            messages: tx,
             tokenizer,
             n_ctx: 64,
             max_queue: 2,
             metrics: metrics.clone(),
         };
-        let job = || Job {
+        let task = || Task {
             tokens: vec![1],
             params: GenerateParams::default(),
+            logprobs: None,
+            reuse_prefix: true,
             events: tokio::sync::mpsc::unbounded_channel().0,
+            queued_at: Instant::now(),
         };
-        assert!(engine.submit(job()).is_ok());
-        assert!(engine.submit(job()).is_ok());
-        assert!(matches!(engine.submit(job()), Err(ServerError::Busy(2))));
+        assert!(engine.submit(task()).is_ok());
+        assert!(engine.submit(task()).is_ok());
+        assert!(matches!(engine.submit(task()), Err(ServerError::Busy(2))));
         assert_eq!(metrics.queue_depth.load(Ordering::Relaxed), 2);
     }
 }

@@ -15,6 +15,10 @@ pub enum ServerError {
     Serve(std::io::Error),
     #[error("starting the engine thread: {0}")]
     Worker(std::io::Error),
+    #[error("starting the engine: {0}")]
+    Engine(String),
+    #[error("the park directory: {0}")]
+    ParkDir(std::io::Error),
     #[error("the engine thread has stopped")]
     EngineStopped,
     #[error("the server is busy: {0} requests are already queued; retry later")]

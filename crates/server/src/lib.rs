@@ -1,15 +1,21 @@
 //! `strata serve`: an OpenAI-compatible HTTP server, in pieces as llama.cpp's server is:
-//! OpenAI's shapes (`openai`), one module per route (`routes`), the engine handle that owns
-//! the device and serves a queue (`engine_handle`), and parked conversations (`park`).
+//! OpenAI's shapes (`openai`), one module per route (`routes`), the queue's HTTP end
+//! (`engine_handle`: tasks and their events), the scheduler thread that owns the device's
+//! contexts (`scheduler`) and serves each task in a slot (`slot`), and parked
+//! conversations (`park`).
 
 pub mod engine_handle;
 pub mod error;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod park;
 pub mod prompt;
 pub mod routes;
+mod scheduler;
+mod slot;
 mod sse;
+pub mod stop;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +27,7 @@ use tokio::net::TcpListener;
 pub use engine_handle::{Engine, EngineConfig};
 pub use error::{ApiError, ServerError};
 pub use metrics::Metrics;
+pub use park::ParkConfig;
 
 /// Default most bytes of a request body.
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;

@@ -5,7 +5,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use strata_engine::{GenerateParams, SamplingParams, StopReason};
 
+use crate::engine_handle::TokenLogprob;
 use crate::error::ApiError;
+use crate::logprobs::MAX_TOP;
 
 /// Most stop strings a request may give (OpenAI allows 4; llama.cpp more).
 const MAX_STOPS: usize = 16;
@@ -87,6 +89,98 @@ pub struct GenerationFields {
     pub n: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// Chat: a boolean; completions: how many alternatives (0 to 5, up to 20 here).
+    pub logprobs: Option<Logprobs>,
+    /// Chat only: alternatives per token (0 to 20), with `logprobs: true`.
+    pub top_logprobs: Option<i64>,
+    /// llama.cpp's extension: `false` reads the whole prompt even if a prefix is parked.
+    pub cache_prompt: Option<bool>,
+    /// llama.cpp's extension: keep generating past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
+    // OpenAI fields accepted and checked, but with nothing to do here.
+    pub user: Option<String>,
+    pub metadata: Option<Value>,
+    pub store: Option<bool>,
+    pub service_tier: Option<String>,
+    pub parallel_tool_calls: Option<bool>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Logprobs {
+    Flag(bool),
+    Count(i64),
+}
+
+/// The fields both endpoints know besides their prompt (`messages` or `prompt`).
+const COMMON_FIELDS: [&str; 31] = [
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "cache_prompt",
+    "ignore_eos",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "echo",
+    "suffix",
+    "best_of",
+];
+
+/// A request body must be a JSON object of known fields: a misspelt parameter is an
+/// error, not silently ignored.
+pub fn check_fields(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
+    let Some(map) = body.as_object() else {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    };
+    let (prompt, other) = match endpoint {
+        Endpoint::Chat => ("messages", "prompt"),
+        Endpoint::Completion => ("prompt", "messages"),
+    };
+    for key in map.keys() {
+        if key != prompt && !COMMON_FIELDS.contains(&key.as_str()) {
+            let hint = if key == other {
+                format!(" (`{other}` belongs to the other endpoint)")
+            } else {
+                String::new()
+            };
+            return Err(
+                ApiError::invalid(format!("unknown field `{key}`{hint}"), Some(key))
+                    .with_code("unknown_parameter"),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What a validated request asks for besides the prompt.
@@ -95,6 +189,9 @@ pub struct Plan {
     pub params: GenerateParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// Log-probabilities with this many alternatives per token.
+    pub logprobs: Option<usize>,
+    pub reuse_prefix: bool,
 }
 
 fn in_range(name: &str, v: Option<f64>, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
@@ -113,6 +210,7 @@ impl GenerationFields {
     /// what the request leaves out.
     pub fn plan(
         &self,
+        endpoint: Endpoint,
         prompt_tokens: usize,
         n_ctx: usize,
         defaults: &SamplingParams,
@@ -220,6 +318,8 @@ impl GenerationFields {
                 Some("stop"),
             ));
         }
+        self.check_unsupported()?;
+        let logprobs = self.logprobs_plan(endpoint)?;
         let stream = self.stream.unwrap_or(false);
         let include_usage = self
             .stream_options
@@ -231,12 +331,99 @@ impl GenerationFields {
                 max_tokens,
                 stop,
                 sampling: s,
-                ignore_eos: false,
+                ignore_eos: self.ignore_eos.unwrap_or(false),
                 show_special: false,
             },
             stream,
             include_usage,
+            logprobs,
+            reuse_prefix: self.cache_prompt.unwrap_or(true),
         })
+    }
+
+    /// Alternatives per token when log-probabilities are asked for.
+    fn logprobs_plan(&self, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+        let top = |n: i64, name: &str| {
+            if (0..=MAX_TOP as i64).contains(&n) {
+                Ok(n as usize)
+            } else {
+                Err(ApiError::invalid(
+                    format!("`{name}` must be between 0 and {MAX_TOP}, got {n}"),
+                    Some(name),
+                ))
+            }
+        };
+        match endpoint {
+            Endpoint::Chat => {
+                let on = match self.logprobs {
+                    None | Some(Logprobs::Flag(false)) => false,
+                    Some(Logprobs::Flag(true)) => true,
+                    Some(Logprobs::Count(_)) => {
+                        return Err(ApiError::invalid(
+                            "`logprobs` must be a boolean for chat completions (use `top_logprobs` for alternatives)",
+                            Some("logprobs"),
+                        ));
+                    }
+                };
+                match (on, self.top_logprobs) {
+                    (false, Some(_)) => Err(ApiError::invalid(
+                        "`top_logprobs` needs `logprobs` set to true",
+                        Some("top_logprobs"),
+                    )),
+                    (false, None) => Ok(None),
+                    (true, n) => Ok(Some(top(n.unwrap_or(0), "top_logprobs")?)),
+                }
+            }
+            Endpoint::Completion => match self.logprobs {
+                None => Ok(None),
+                Some(Logprobs::Count(n)) => Ok(Some(top(n, "logprobs")?)),
+                Some(Logprobs::Flag(_)) => Err(ApiError::invalid(
+                    "`logprobs` must be an integer (alternatives per token) for completions",
+                    Some("logprobs"),
+                )),
+            },
+        }
+    }
+
+    /// OpenAI fields this server cannot honour are refused unless they ask for nothing.
+    fn check_unsupported(&self) -> Result<(), ApiError> {
+        let refuse = |name: &str, what: &str| {
+            Err(ApiError::invalid(
+                format!("`{name}`: {what} is not supported"),
+                Some(name),
+            ))
+        };
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return refuse("logit_bias", "a logit bias");
+        }
+        if let Some(f) = &self.response_format
+            && !f.is_null()
+            && f.get("type").and_then(Value::as_str) != Some("text")
+        {
+            return refuse("response_format", "a format other than `text`");
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return refuse("tools", "tool calling");
+        }
+        if let Some(c) = &self.tool_choice
+            && !c.is_null()
+            && c.as_str() != Some("none")
+            && c.as_str() != Some("auto")
+        {
+            return refuse("tool_choice", "forcing a tool");
+        }
+        if self.echo == Some(true) {
+            return refuse("echo", "echoing the prompt");
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return refuse("suffix", "a suffix (fill-in-the-middle)");
+        }
+        if let Some(b) = self.best_of
+            && b != 1
+        {
+            return refuse("best_of", "`best_of` other than 1");
+        }
+        Ok(())
     }
 }
 
@@ -285,20 +472,20 @@ impl Envelope {
     }
 
     /// The whole answer of a non-streaming request.
-    pub fn response(&self, text: &str, finish: &str, usage: Value) -> Value {
+    pub fn response(&self, text: &str, finish: &str, usage: Value, logprobs: Value) -> Value {
         let mut v = match self.endpoint {
             Endpoint::Chat => self.wrap(
                 "chat.completion",
                 json!([{
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }]),
             ),
             Endpoint::Completion => self.wrap(
                 "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
+                json!([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]),
             ),
         };
         v["usage"] = usage;
@@ -306,7 +493,13 @@ impl Envelope {
     }
 
     /// A streamed piece: `role` only on a chat's first chunk, `finish` only on the last.
-    pub fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&str>) -> Value {
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        role: bool,
+        finish: Option<&str>,
+        logprobs: Value,
+    ) -> Value {
         match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = json!({});
@@ -318,12 +511,12 @@ impl Envelope {
                 }
                 self.wrap(
                     "chat.completion.chunk",
-                    json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]),
+                    json!([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]),
                 )
             }
             Endpoint::Completion => self.wrap(
                 "text_completion",
-                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}]),
+                json!([{"index": 0, "text": text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish}]),
             ),
         }
     }
@@ -337,6 +530,58 @@ impl Envelope {
         let mut v = self.wrap(object, json!([]));
         v["usage"] = usage;
         v
+    }
+}
+
+/// A log-probability as JSON can carry it (no infinities; OpenAI's floor).
+fn finite(lp: f32) -> f64 {
+    if lp.is_finite() { lp as f64 } else { -9999.0 }
+}
+
+/// Log-probabilities in the endpoint's shape: chat's `{"content": [...]}` or the legacy
+/// completions' `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, whose
+/// offsets start at `text_offset` (characters into the answer).
+pub fn logprobs_json(endpoint: Endpoint, entries: &[TokenLogprob], text_offset: usize) -> Value {
+    match endpoint {
+        Endpoint::Chat => {
+            let content: Vec<Value> = entries
+                .iter()
+                .map(|e| {
+                    let top: Vec<Value> = e
+                        .top
+                        .iter()
+                        .map(|(t, b, lp)| json!({"token": t, "logprob": finite(*lp), "bytes": b}))
+                        .collect();
+                    json!({"token": e.token, "logprob": finite(e.logprob), "bytes": e.bytes, "top_logprobs": top})
+                })
+                .collect();
+            json!({"content": content, "refusal": null})
+        }
+        Endpoint::Completion => {
+            let mut offset = text_offset;
+            let mut offsets = Vec::with_capacity(entries.len());
+            for e in entries {
+                offsets.push(offset);
+                offset += e.token.chars().count();
+            }
+            let top: Vec<Value> = entries
+                .iter()
+                .map(|e| {
+                    let m: serde_json::Map<String, Value> = e
+                        .top
+                        .iter()
+                        .map(|(t, _, lp)| (t.clone(), json!(finite(*lp))))
+                        .collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({
+                "tokens": entries.iter().map(|e| e.token.clone()).collect::<Vec<_>>(),
+                "token_logprobs": entries.iter().map(|e| finite(e.logprob)).collect::<Vec<_>>(),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
     }
 }
 

@@ -233,10 +233,8 @@ fn serve_smollm2_end_to_end() {
         dev,
         Arc::new(tok),
         EngineConfig {
-            n_ctx: N_CTX,
-            n_batch: 512,
-            park_slots: 2,
             max_queue: 8,
+            ..EngineConfig::new(N_CTX, 512, 2, 64)
         },
         state.metrics.clone(),
     )

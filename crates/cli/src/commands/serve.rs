@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
+use strata_server::{AppState, Engine, EngineConfig, ParkConfig, ServerConfig};
 
 use super::common::{self, ModelArgs, SamplingArgs};
 
@@ -24,9 +24,24 @@ pub struct Args {
     /// Require `Authorization: Bearer <key>` (default: $STRATA_API_KEY).
     #[arg(long)]
     pub api_key: Option<String>,
-    /// Conversations kept with their K/V so that a follow-up only reads what is new.
+    /// Requests served at once, each in its own context on the device.
     #[arg(long, default_value_t = 4)]
-    pub park_slots: usize,
+    pub parallel: usize,
+    /// Host memory (MiB) for parked conversations: the K/V of finished requests, so a
+    /// follow-up reads only its new tokens. 0: park on disk only (with --park-dir).
+    #[arg(long, default_value_t = 2048)]
+    pub park_mib: usize,
+    /// Directory that parked conversations spill to past --park-mib (least recently used
+    /// first). Without it they are dropped instead.
+    #[arg(long)]
+    pub park_dir: Option<std::path::PathBuf>,
+    /// Disk (MiB) for spilled conversations in --park-dir.
+    #[arg(long, default_value_t = 16384)]
+    pub park_disk_mib: usize,
+    /// Seconds in-flight requests get to finish after SIGINT/SIGTERM before they are
+    /// cancelled.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace: u64,
     /// Most requests queued or being served; more get 503 (server_busy).
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -85,9 +100,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         listener.local_addr()?
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // Told when a signal came, so in-flight requests get a grace period, then are cancelled.
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         tokio::select! {
-            _ = strata_server::shutdown_signal() => eprintln!("strata: shutting down"),
+            _ = strata_server::shutdown_signal() => {
+                eprintln!("strata: shutting down (no new requests; finishing those in flight)");
+                let _ = signalled_tx.send(());
+            }
             _ = stop_rx => {}
         }
     };
@@ -111,7 +131,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         EngineConfig {
             n_ctx: loaded.n_ctx,
             n_batch: args.model.batch,
-            park_slots: args.park_slots,
+            parallel: args.parallel,
+            park: ParkConfig {
+                host_bytes: args.park_mib << 20,
+                dir: args.park_dir.clone(),
+                disk_bytes: args.park_disk_mib << 20,
+            },
             max_queue: args.max_queue,
         },
         state.metrics.clone(),
@@ -123,7 +148,27 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         "strata: ready ({} positions per conversation)",
         loaded.n_ctx
     );
+    let grace = std::time::Duration::from_secs(args.shutdown_grace);
+    let canceller = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            if signalled_rx.await.is_ok() {
+                tokio::time::sleep(grace).await;
+                eprintln!("strata: cancelling the requests still in flight");
+                if let Some(engine) = state.engine() {
+                    let engine_stop = std::time::Duration::from_secs(10);
+                    tokio::task::block_in_place(|| engine.stop(engine_stop));
+                }
+            }
+        })
+    };
     server.await.context("the server task")??;
+    canceller.abort();
     drop(stop_tx);
+    // Parked conversations' files are removed before exiting.
+    if let Some(engine) = state.engine() {
+        tokio::task::block_in_place(|| engine.stop(std::time::Duration::from_secs(10)));
+    }
+    eprintln!("strata: stopped");
     Ok(())
 }

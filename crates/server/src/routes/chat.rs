@@ -20,7 +20,8 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     Metrics::add(&state.metrics.requests_total, 1);
-    let req: ChatRequest = read_json(&headers, body, state.config.body_limit).await?;
+    let req: ChatRequest =
+        read_json(&headers, body, state.config.body_limit, Endpoint::Chat).await?;
     super::check_model(&state, req.model.as_deref())?;
     let engine = state.engine().ok_or_else(generation::not_ready)?;
     let tokenizer = engine.tokenizer.clone();
@@ -33,6 +34,6 @@ pub async fn handle(
     .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))??;
     let plan = req
         .options
-        .plan(tokens.len(), n_ctx, &state.config.sampling)?;
+        .plan(Endpoint::Chat, tokens.len(), n_ctx, &state.config.sampling)?;
     generation::answer(state, Endpoint::Chat, tokens, plan).await
 }

@@ -20,7 +20,13 @@ pub async fn handle(
     body: Body,
 ) -> Result<Response, ApiError> {
     Metrics::add(&state.metrics.requests_total, 1);
-    let req: CompletionRequest = read_json(&headers, body, state.config.body_limit).await?;
+    let req: CompletionRequest = read_json(
+        &headers,
+        body,
+        state.config.body_limit,
+        Endpoint::Completion,
+    )
+    .await?;
     super::check_model(&state, req.model.as_deref())?;
     let engine = state.engine().ok_or_else(generation::not_ready)?;
     let tokenizer = engine.tokenizer.clone();
@@ -30,8 +36,11 @@ pub async fn handle(
     })
     .await
     .map_err(|e| ApiError::internal(format!("tokenizing: {e}")))??;
-    let plan = req
-        .options
-        .plan(tokens.len(), n_ctx, &state.config.sampling)?;
+    let plan = req.options.plan(
+        Endpoint::Completion,
+        tokens.len(),
+        n_ctx,
+        &state.config.sampling,
+    )?;
     generation::answer(state, Endpoint::Completion, tokens, plan).await
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::json_response;
 use crate::AppState;
-use crate::engine_handle::{Event, Job};
+use crate::engine_handle::{Event, Task, TokenLogprob};
 use crate::error::{ApiError, ServerError};
 use crate::openai::{self, Endpoint, Envelope, Plan};
 use crate::sse::{self, ChannelStream};
@@ -25,10 +25,13 @@ pub async fn answer(
     let engine = state.engine().ok_or_else(not_ready)?;
     let (tx, rx) = unbounded_channel();
     engine
-        .submit(Job {
+        .submit(Task {
             tokens,
             params: plan.params.clone(),
+            logprobs: plan.logprobs,
+            reuse_prefix: plan.reuse_prefix,
             events: tx,
+            queued_at: std::time::Instant::now(),
         })
         .map_err(|e| match e {
             ServerError::Busy(_) => ApiError::status(
@@ -51,7 +54,7 @@ pub async fn answer(
     };
     if plan.stream {
         let (body_tx, body_rx) = unbounded_channel();
-        tokio::spawn(stream_events(rx, body_tx, envelope, plan.include_usage));
+        tokio::spawn(stream_events(rx, body_tx, envelope, plan));
         Ok((
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
@@ -61,7 +64,7 @@ pub async fn answer(
         )
             .into_response())
     } else {
-        gather(rx, &envelope).await
+        gather(rx, &envelope, plan.logprobs.is_some()).await
     }
 }
 
@@ -76,14 +79,25 @@ pub fn not_ready() -> ApiError {
 async fn gather(
     mut rx: UnboundedReceiver<Event>,
     envelope: &Envelope,
+    want_logprobs: bool,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut lps: Vec<TokenLogprob> = Vec::new();
     while let Some(event) = rx.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t, l) => {
+                text.push_str(&t);
+                lps.extend(l);
+            }
             Event::Done(f) => {
                 let usage = openai::usage(f.prompt_tokens, f.completion_tokens);
-                let body = envelope.response(&text, openai::finish_reason(&f.stop), usage);
+                let logprobs = if want_logprobs {
+                    openai::logprobs_json(envelope.endpoint, &lps, 0)
+                } else {
+                    serde_json::Value::Null
+                };
+                let body =
+                    envelope.response(&text, openai::finish_reason(&f.stop), usage, logprobs);
                 return Ok(json_response(StatusCode::OK, &body));
             }
             Event::Failed(message) => return Err(ApiError::internal(message)),
@@ -98,16 +112,19 @@ async fn stream_events(
     mut rx: UnboundedReceiver<Event>,
     out: UnboundedSender<String>,
     envelope: Envelope,
-    include_usage: bool,
+    plan: Plan,
 ) {
+    let null = serde_json::Value::Null;
     let chat = envelope.endpoint == Endpoint::Chat;
     if chat
         && out
-            .send(sse::event(&envelope.chunk(None, true, None)))
+            .send(sse::event(&envelope.chunk(None, true, None, null.clone())))
             .is_err()
     {
         return;
     }
+    // Characters sent so far (the completions' logprobs give text offsets).
+    let mut sent_chars = 0usize;
     loop {
         // A client that leaves while its request is still queued is noticed here too.
         let event = tokio::select! {
@@ -116,11 +133,24 @@ async fn stream_events(
         };
         let Some(event) = event else { return };
         let texts = match event {
-            Event::Text(t) => vec![sse::event(&envelope.chunk(Some(&t), false, None))],
+            Event::Text(t, l) => {
+                let logprobs = if plan.logprobs.is_some() {
+                    openai::logprobs_json(envelope.endpoint, &l, sent_chars)
+                } else {
+                    null.clone()
+                };
+                sent_chars += t.chars().count();
+                vec![sse::event(&envelope.chunk(Some(&t), false, None, logprobs))]
+            }
             Event::Done(f) => {
                 let finish = openai::finish_reason(&f.stop);
-                let mut v = vec![sse::event(&envelope.chunk(None, false, Some(finish)))];
-                if include_usage {
+                let mut v = vec![sse::event(&envelope.chunk(
+                    None,
+                    false,
+                    Some(finish),
+                    null.clone(),
+                ))];
+                if plan.include_usage {
                     let usage = openai::usage(f.prompt_tokens, f.completion_tokens);
                     v.push(sse::event(&envelope.usage_chunk(usage)));
                 }

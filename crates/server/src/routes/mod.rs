@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 
 use crate::AppState;
 use crate::error::ApiError;
+use crate::openai::{self, Endpoint};
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -84,6 +85,7 @@ pub async fn read_json<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    endpoint: Endpoint,
 ) -> Result<T, ApiError> {
     let too_large = || {
         ApiError::status(
@@ -102,7 +104,10 @@ pub async fn read_json<T: DeserializeOwned>(
     let bytes = axum::body::to_bytes(body, limit)
         .await
         .map_err(|_| too_large())?;
-    serde_json::from_slice(&bytes)
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("the request body is not JSON: {e}"), None))?;
+    openai::check_fields(&value, endpoint)?;
+    serde_json::from_value(value)
         .map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
 }
 

@@ -1,0 +1,325 @@
+//! The scheduler thread: owns up to `--parallel` contexts (slots) on the device and the
+//! parked conversations. Each round it takes new tasks from the queue, admits as many as
+//! there are free slots (resuming each from the longest matching prefix: K/V still in an
+//! idle context, or a parked conversation uploaded into one), then steps every busy slot
+//! once. A finished conversation's K/V is downloaded and parked, so its context is free
+//! for the next request. Batching the busy slots' decode steps into one forward pass
+//! would replace the per-slot step in `step_all`; nothing else changes.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use strata_core::Device;
+use strata_engine::{Context, StopReason};
+use strata_model::Model;
+use strata_model::tokenizer::Tokenizer;
+
+use crate::engine_handle::{EngineConfig, Event, Message, Task};
+use crate::error::ServerError;
+use crate::metrics::Metrics;
+use crate::park::{ParkStore, common_prefix};
+use crate::slot::Job;
+
+pub struct Scheduler {
+    model: Arc<Model>,
+    dev: Device,
+    tokenizer: Arc<Tokenizer>,
+    n_ctx: u32,
+    n_batch: u32,
+    parallel: usize,
+    park: ParkStore,
+    metrics: Arc<Metrics>,
+}
+
+struct Slot<'t> {
+    ctx: Context,
+    job: Option<Job<'t>>,
+    /// When it last served a request (a round number), to reuse the stalest idle one.
+    last_used: u64,
+}
+
+impl Scheduler {
+    pub fn new(
+        model: Arc<Model>,
+        dev: Device,
+        tokenizer: Arc<Tokenizer>,
+        config: &EngineConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ServerError> {
+        // The K/V shape a snapshot must have, from a context of one position.
+        let probe = Context::new(model.clone(), dev.clone(), 1, 1)
+            .map_err(|e| ServerError::Engine(e.to_string()))?;
+        let shape = probe.kv_shape();
+        drop(probe);
+        let park = ParkStore::new(config.park.clone(), shape, config.n_ctx as usize)
+            .map_err(ServerError::ParkDir)?;
+        Ok(Scheduler {
+            model,
+            dev,
+            tokenizer,
+            n_ctx: config.n_ctx,
+            n_batch: config.n_batch,
+            parallel: config.parallel.max(1),
+            park,
+            metrics,
+        })
+    }
+
+    pub fn run(mut self, messages: mpsc::Receiver<Message>) {
+        let tokenizer = self.tokenizer.clone();
+        let tok: &Tokenizer = &tokenizer;
+        let mut slots: Vec<Slot<'_>> = Vec::new();
+        let mut waiting: VecDeque<Task> = VecDeque::new();
+        let mut open = true;
+        let mut round = 0u64;
+        loop {
+            round += 1;
+            let busy = slots.iter().any(|s| s.job.is_some());
+            if !busy && waiting.is_empty() {
+                if !open {
+                    break;
+                }
+                match messages.recv() {
+                    Ok(m) => {
+                        if self.receive(m, &mut waiting, &mut slots) {
+                            return;
+                        }
+                    }
+                    Err(_) => open = false,
+                }
+            }
+            while let Ok(m) = messages.try_recv() {
+                if self.receive(m, &mut waiting, &mut slots) {
+                    return;
+                }
+            }
+            // A client that left while queued is never admitted.
+            waiting.retain(|t| {
+                let keep = !t.events.is_closed();
+                if !keep {
+                    self.done_with_task();
+                    Metrics::add(&self.metrics.requests_cancelled_total, 1);
+                }
+                keep
+            });
+            while !waiting.is_empty()
+                && (slots.len() < self.parallel || slots.iter().any(|s| s.job.is_none()))
+            {
+                if let Some(task) = waiting.pop_front() {
+                    self.admit(&mut slots, task, tok, round);
+                }
+            }
+            self.step_all(&mut slots, tok);
+            self.metrics.slots_busy.store(
+                slots.iter().filter(|s| s.job.is_some()).count() as u64,
+                Ordering::Relaxed,
+            );
+            self.metrics.set_parked(self.park.stats());
+        }
+    }
+
+    /// Handles a message; true when told to stop (everything is cancelled then).
+    fn receive(&mut self, m: Message, waiting: &mut VecDeque<Task>, slots: &mut [Slot]) -> bool {
+        match m {
+            Message::Task(t) => {
+                waiting.push_back(t);
+                false
+            }
+            Message::Stop(ack) => {
+                for t in waiting.drain(..) {
+                    let _ = t
+                        .events
+                        .send(Event::Failed("the server is shutting down".into()));
+                    self.done_with_task();
+                }
+                for s in slots.iter_mut() {
+                    if let Some(job) = s.job.take() {
+                        job.fail("the server is shutting down".into());
+                        self.done_with_task();
+                    }
+                }
+                self.park.clear();
+                self.metrics.set_parked(self.park.stats());
+                let _ = ack.send(());
+                true
+            }
+        }
+    }
+
+    fn done_with_task(&self) {
+        self.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Gives `task` a slot, resuming from the longest prefix it shares with an idle
+    /// context or a parked conversation (at most all but its last token, which must be
+    /// fed to get logits).
+    fn admit<'t>(&mut self, slots: &mut Vec<Slot<'t>>, task: Task, tok: &'t Tokenizer, round: u64) {
+        let prompt = task.tokens.clone();
+        let limit = prompt.len().saturating_sub(1);
+        let reuse = task.reuse_prefix && limit > 0;
+        let resident = slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.job.is_none())
+            .map(|(i, s)| (i, common_prefix(s.ctx.tokens(), &prompt).min(limit)))
+            .filter(|&(_, n)| reuse && n > 0)
+            .max_by_key(|&(i, n)| (n, slots[i].last_used));
+        let parked = if reuse {
+            self.park
+                .best_match(&prompt)
+                .map(|(i, n)| (i, n.min(limit)))
+        } else {
+            None
+        };
+        let (index, mut reused, from) = match (resident, parked) {
+            (Some((i, n)), p) if p.is_none_or(|(_, pn)| n >= pn) => (i, n, "device"),
+            _ => {
+                let i = match self.free_slot(slots) {
+                    Ok(i) => i,
+                    Err(e) => {
+                        Metrics::add(&self.metrics.requests_failed_total, 1);
+                        let _ = task.events.send(Event::Failed(e));
+                        self.done_with_task();
+                        return;
+                    }
+                };
+                match parked {
+                    Some((pi, n)) => match self.park.load(pi) {
+                        Ok((snap, source)) => match slots[i].ctx.import_kv(&snap, n) {
+                            Ok(()) => (i, n, source.name()),
+                            Err(e) => {
+                                tracing::warn!("resuming a parked conversation: {e}");
+                                (i, 0, "")
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!("a parked conversation could not be read: {e}");
+                            (i, 0, "")
+                        }
+                    },
+                    None => (i, 0, ""),
+                }
+            }
+        };
+        let slot = &mut slots[index];
+        slot.ctx.truncate(reused);
+        if *slot.ctx.tokens() != prompt[..reused] {
+            // Never run on K/V of another prefix.
+            tracing::error!("a resumed context does not hold the prompt's prefix; reading it all");
+            slot.ctx.truncate(0);
+            reused = 0;
+        }
+        if reused > 0 {
+            eprintln!(
+                "strata: resumed a conversation ({from}): reused {reused} tokens, read {}",
+                prompt.len() - reused
+            );
+            Metrics::add(&self.metrics.resumed_tokens_total, reused as u64);
+            let counter = match from {
+                "host" => &self.metrics.resumes_host_total,
+                "disk" => &self.metrics.resumes_disk_total,
+                _ => &self.metrics.resumes_device_total,
+            };
+            Metrics::add(counter, 1);
+        }
+        slot.last_used = round;
+        match Job::new(task, reused, tok) {
+            Ok(job) => slot.job = Some(job),
+            Err(e) => {
+                // Job::new only fails on what the routes already checked.
+                Metrics::add(&self.metrics.requests_failed_total, 1);
+                tracing::error!("starting a request: {e}");
+                self.done_with_task();
+            }
+        }
+    }
+
+    /// An idle slot for a request that reuses nothing of it: a new context while fewer
+    /// than `parallel` exist, else the idle one used least recently.
+    fn free_slot(&self, slots: &mut Vec<Slot<'_>>) -> Result<usize, String> {
+        if slots.len() < self.parallel {
+            let ctx = Context::new(
+                self.model.clone(),
+                self.dev.clone(),
+                self.n_ctx,
+                self.n_batch,
+            )
+            .map_err(|e| format!("creating a context: {e}"))?;
+            slots.push(Slot {
+                ctx,
+                job: None,
+                last_used: 0,
+            });
+            return Ok(slots.len() - 1);
+        }
+        slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.job.is_none())
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(i, _)| i)
+            .ok_or_else(|| "no free context".to_string())
+    }
+
+    /// One step of every busy slot; finished ones are answered and parked.
+    fn step_all(&mut self, slots: &mut Vec<Slot<'_>>, tok: &Tokenizer) {
+        let mut broken = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            let Some(job) = slot.job.as_mut() else {
+                continue;
+            };
+            let (ctx, metrics) = (&mut slot.ctx, &*self.metrics);
+            let n_batch = self.n_batch as usize;
+            // A panic fails this request only; its context is dropped, not reused.
+            let outcome =
+                std::panic::catch_unwind(AssertUnwindSafe(|| job.step(ctx, tok, n_batch, metrics)));
+            let stop = match outcome {
+                Ok(Ok(None)) => continue,
+                Ok(Ok(Some(stop))) => stop,
+                Ok(Err(e)) => {
+                    self.fail(slot, e.to_string());
+                    slot.ctx.truncate(0);
+                    continue;
+                }
+                Err(_) => {
+                    self.fail(
+                        slot,
+                        "the engine panicked while serving this request".into(),
+                    );
+                    broken.push(i);
+                    continue;
+                }
+            };
+            let Some(job) = slot.job.take() else { continue };
+            let f = job.finish(stop.clone());
+            Metrics::add(&self.metrics.prompt_tokens_total, f.prompt_tokens as u64);
+            Metrics::add(
+                &self.metrics.completion_tokens_total,
+                f.completion_tokens as u64,
+            );
+            if stop == StopReason::Cancelled {
+                Metrics::add(&self.metrics.requests_cancelled_total, 1);
+            }
+            self.done_with_task();
+            let n = slot.ctx.tokens().len();
+            match slot.ctx.export_kv(n) {
+                Ok(snap) => self.park.park(snap),
+                Err(e) => tracing::warn!("parking a conversation: {e}"),
+            }
+        }
+        for i in broken.into_iter().rev() {
+            slots.remove(i);
+        }
+    }
+
+    fn fail(&self, slot: &mut Slot<'_>, message: String) {
+        if let Some(job) = slot.job.take() {
+            tracing::error!("request failed: {message}");
+            Metrics::add(&self.metrics.requests_failed_total, 1);
+            job.fail(message);
+            self.done_with_task();
+        }
+    }
+}

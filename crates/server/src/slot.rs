@@ -1,0 +1,178 @@
+//! One request being served in one context: the prompt fed a batch per step, then one
+//! token per step (sample, send the text that is final, feed the token at the next step).
+//! The same order as `strata_engine::generate`, so a greedy answer here equals the
+//! engine's, cut into steps so the scheduler can interleave requests (and, later, batch
+//! their steps into one forward pass).
+
+use std::time::Instant;
+
+use strata_engine::{Context, EngineError, Sampler, StopReason};
+use strata_model::tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::engine_handle::{Event, Finished, Task, TokenLogprob};
+use crate::logprobs;
+use crate::metrics::Metrics;
+use crate::stop::split_stop;
+
+pub struct Job<'t> {
+    pub task: Task,
+    /// Prompt tokens whose K/V was already in the context.
+    pub reused: usize,
+    /// Prompt tokens in the context so far.
+    fed: usize,
+    /// The last sampled token, fed at the next step.
+    input: Option<u32>,
+    sampler: Sampler,
+    decoder: StreamDecoder<'t>,
+    /// Every token so far (prompt and output), for the penalties.
+    history: Vec<u32>,
+    out_tokens: Vec<u32>,
+    text: String,
+    /// Bytes of `text` already sent.
+    emitted: usize,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    pending_logprobs: Vec<TokenLogprob>,
+    first_token: bool,
+}
+
+impl<'t> Job<'t> {
+    /// A job for `task` in a context that already holds its first `reused` tokens.
+    pub fn new(task: Task, reused: usize, tok: &'t Tokenizer) -> Result<Self, EngineError> {
+        if task.tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let sampler = Sampler::new(task.params.sampling.clone())?;
+        let decoder = tok.stream_decoder(task.params.show_special);
+        Ok(Job {
+            task,
+            reused,
+            fed: reused,
+            input: None,
+            sampler,
+            decoder,
+            history: Vec::new(),
+            out_tokens: Vec::new(),
+            text: String::new(),
+            emitted: 0,
+            pending_logprobs: Vec::new(),
+            first_token: true,
+        })
+    }
+
+    /// One forward pass: a batch of the prompt, or the last sampled token. Returns how
+    /// generation ended, or `None` to go on.
+    pub fn step(
+        &mut self,
+        ctx: &mut Context,
+        tok: &Tokenizer,
+        n_batch: usize,
+        metrics: &Metrics,
+    ) -> Result<Option<StopReason>, EngineError> {
+        if self.task.events.is_closed() {
+            return Ok(Some(StopReason::Cancelled));
+        }
+        let prompt_len = self.task.tokens.len();
+        let logits = if self.fed < prompt_len {
+            let end = (self.fed + n_batch.max(1)).min(prompt_len);
+            let t = Instant::now();
+            let logits = ctx.eval(&self.task.tokens[self.fed..end])?;
+            metrics.prefill(end - self.fed, t.elapsed());
+            self.fed = end;
+            if end < prompt_len {
+                return Ok(None);
+            }
+            self.history = ctx.tokens().to_vec();
+            logits
+        } else {
+            let Some(input) = self.input.take() else {
+                return Ok(Some(StopReason::Length));
+            };
+            let t = Instant::now();
+            let logits = ctx.eval(&[input])?;
+            metrics.decode(1, t.elapsed());
+            logits
+        };
+        Ok(self.sample(ctx, tok, &logits, metrics))
+    }
+
+    fn sample(
+        &mut self,
+        ctx: &Context,
+        tok: &Tokenizer,
+        logits: &[f32],
+        metrics: &Metrics,
+    ) -> Option<StopReason> {
+        let params = &self.task.params;
+        if self.out_tokens.len() >= params.max_tokens {
+            return Some(StopReason::Length);
+        }
+        let id = self.sampler.sample(logits, &self.history);
+        if self.first_token {
+            self.first_token = false;
+            metrics.observe_ttft(self.task.queued_at.elapsed());
+        }
+        if tok.is_eog(id) && !params.ignore_eos {
+            return Some(StopReason::Eog);
+        }
+        if let Some(top) = self.task.logprobs {
+            self.pending_logprobs
+                .push(logprobs::entry(tok, logits, id, top));
+        }
+        self.out_tokens.push(id);
+        self.history.push(id);
+        let piece = self.decoder.push(id);
+        self.text.push_str(&piece);
+        let (safe, found) = split_stop(&self.text, self.emitted, &self.task.params.stop);
+        if safe > self.emitted && !self.send_text(safe) {
+            return Some(StopReason::Cancelled);
+        }
+        if let Some((at, s)) = found {
+            self.text.truncate(at);
+            return Some(StopReason::StopString(s));
+        }
+        if ctx.tokens().len() + 1 >= ctx.n_ctx() {
+            return Some(StopReason::ContextFull);
+        }
+        if self.out_tokens.len() >= self.task.params.max_tokens {
+            return Some(StopReason::Length);
+        }
+        self.input = Some(id);
+        None
+    }
+
+    /// Sends `text[emitted..end]` with the pending log-probabilities; false when the
+    /// client has gone.
+    fn send_text(&mut self, end: usize) -> bool {
+        let text = self.text[self.emitted..end].to_string();
+        self.emitted = end;
+        let lps = std::mem::take(&mut self.pending_logprobs);
+        self.task.events.send(Event::Text(text, lps)).is_ok()
+    }
+
+    /// Sends what is left and the end of the answer (nothing to a client that left).
+    pub fn finish(mut self, stop: StopReason) -> Finished {
+        if !matches!(stop, StopReason::StopString(_) | StopReason::Cancelled) {
+            let rest = self.decoder.finish();
+            self.text.push_str(&rest);
+            if self.text.len() > self.emitted || !self.pending_logprobs.is_empty() {
+                let end = self.text.len();
+                self.send_text(end);
+            }
+        }
+        let finished = Finished {
+            stop: stop.clone(),
+            prompt_tokens: self.task.tokens.len(),
+            completion_tokens: self.out_tokens.len(),
+            reused_tokens: self.reused,
+        };
+        if stop != StopReason::Cancelled {
+            let _ = self.task.events.send(Event::Done(finished.clone()));
+        }
+        finished
+    }
+
+    /// Fails the request (its client gets a 500 or an error event).
+    pub fn fail(self, message: String) {
+        let _ = self.task.events.send(Event::Failed(message));
+    }
+}
