@@ -22,6 +22,11 @@ Files per format NAME (all little-endian):
   NAME.deq      the dequantised row, f32
   NAME.act      the f32 activation row (same length)
   NAME.actq     that row quantised by ggml to the vec_dot_type
+  NAME.actq_x86 (Q8_0 and Q8_1 only) the same row quantised by the CPU
+                library's own `from_float`, which is what llama.cpp's mul_mat
+                runs: on x86 with AVX it scales by 127/amax and rounds to
+                nearest even, unlike the reference (1/d, roundf), so a few
+                bytes differ. Written only when the library was built for x86.
 and manifest.json with shapes, the vec_dot_type and the dot products.
 
 Usage: python3 tools/gen_quant_golden.py [--lib-dir DIR] [--out DIR]
@@ -32,6 +37,7 @@ import argparse
 import ctypes
 import json
 import os
+import platform
 import sys
 
 import numpy as np
@@ -136,6 +142,15 @@ class Ggml:
         else:
             from_float = FROM_FLOAT(self.traits(act_id).from_float)
             from_float(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), n)
+        return out
+
+    def quantize_act_cpu(self, act_id, x):
+        """Quantise f32 row x with the CPU library's from_float for act_id."""
+        block, tsize = ACT_SIZES[act_id]
+        out = np.zeros(x.size // block * tsize, dtype=np.uint8)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        from_float = FROM_FLOAT(self.traits(act_id).from_float)
+        from_float(x.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p), x.size)
         return out
 
     def vec_dot(self, type_id, n, row, act, generic_name):
@@ -262,7 +277,10 @@ def main():
         f64 = float(np.dot(deq.astype(np.float64), xa.astype(np.float64)))
         sum_abs = float(np.sum(np.abs(deq.astype(np.float64) * xa.astype(np.float64))))
 
-        for suffix, data in (("blocks", raw), ("deq", deq), ("act", x), ("actq", actq)):
+        files = [("blocks", raw), ("deq", deq), ("act", x), ("actq", actq)]
+        if act_id in (8, 9) and platform.machine() in ("x86_64", "AMD64"):
+            files.append(("actq_x86", ggml.quantize_act_cpu(act_id, x)))
+        for suffix, data in files:
             with open(os.path.join(args.out, f"{name}.{suffix}"), "wb") as f:
                 f.write(np.ascontiguousarray(data).view(np.uint8).tobytes())
         manifest["formats"].append({

@@ -285,8 +285,10 @@ pub fn quantize_activation_into(
     quantize_activation_into_at(detected_simd(), act, x, out)
 }
 
-/// [`quantize_activation_into`] using at most `level` (clamped to this CPU);
-/// every level gives the same bytes.
+/// [`quantize_activation_into`] using at most `level` (clamped to this CPU).
+/// The scalar level is ggml's reference quantiser; the AVX2 level is what
+/// llama.cpp's CPU backend runs on x86, which for Q8_0 and Q8_1 differs from the
+/// reference at ties and near-ties (see simd_avx2_activation.rs).
 pub fn quantize_activation_into_at(
     level: SimdLevel,
     act: ActFormat,
@@ -311,7 +313,7 @@ pub fn quantize_activation_into_at(
     Ok(())
 }
 
-/// Quantise an f32 activation row as ggml's reference quantiser for `act` does.
+/// Quantise an f32 activation row as llama.cpp does on this CPU (see [`quantize_activation_into_at`]).
 pub fn quantize_activation(act: ActFormat, x: &[f32]) -> Result<Vec<u8>, QuantError> {
     let nb = check_blocks("activation row", x.len(), act.block_size())?;
     let mut out = vec![0u8; nb * act.type_size()];

@@ -1,8 +1,11 @@
 //! AVX2 quantisation of activation rows to Q8_0, Q8_1 and Q8_K, byte-exact
-//! with the scalar versions in activation.rs (and so with ggml's `_ref`
-//! quantisers): the same IEEE operations in the same order (a plain multiply,
-//! never an FMA), `roundf` rebuilt exactly from truncation, and ggml's
-//! `nearest_int` as round-to-nearest-even.
+//! with what llama.cpp's CPU backend computes on x86: Q8_0 and Q8_1 as ggml's
+//! x86 `quantize_row_q8_0`/`quantize_row_q8_1` (the `from_float` its mul_mat
+//! runs: scale `127 / amax`, round to nearest even), Q8_K as
+//! `quantize_row_q8_K_ref` (which ggml's x86 build uses as is). The x86 Q8_0/Q8_1
+//! routines differ from ggml's `_ref` ones (scale `1 / d`, `roundf`) in about one
+//! value in 10^3 to 10^4, and one flipped activation quant moves a real model's
+//! logits visibly (activation.rs has the `_ref` arithmetic, used elsewhere).
 //!
 //! A matvec quantises its activation on one thread before the row work is
 //! split, so this serial part matters once the rows run on many cores.
@@ -59,21 +62,6 @@ fn hmax(v: __m256) -> f32 {
     _mm_cvtss_f32(m)
 }
 
-/// `roundf` (half away from zero), exactly: truncate, then step away from
-/// zero when the dropped fraction is at least one half (the subtraction is
-/// exact for |v| < 2²³).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn round_away(v: __m256) -> __m256 {
-    let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    let frac = abs(_mm256_sub_ps(v, t));
-    let step = _mm256_and_ps(
-        _mm256_cmp_ps(frac, _mm256_set1_ps(0.5), _CMP_GE_OQ),
-        _mm256_or_ps(_mm256_set1_ps(1.0), _mm256_and_ps(v, _mm256_set1_ps(-0.0))),
-    );
-    _mm256_add_ps(t, step)
-}
-
 /// 32 i32 lanes (4 vectors, in order) → 32 i8, in order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -100,8 +88,9 @@ fn hsum_i32(v: __m256i) -> i32 {
     crate::simd_avx2_legacy::hsum_i32(v)
 }
 
-/// One 32-value block: (d, the quants as i32 in 4 vectors), as
-/// `quantize_row_q8_0_ref` computes them.
+/// One 32-value block: (d, the quants as i32 in 4 vectors), as ggml's x86
+/// `quantize_row_q8_0` computes them: `d = amax / 127`, each value times
+/// `127 / amax` (not `1 / d`) rounded to nearest even.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
@@ -110,9 +99,16 @@ fn q8_block(x: &[f32]) -> (f32, [__m256i; 4]) {
         _mm256_max_ps(abs(v[0]), abs(v[1])),
         _mm256_max_ps(abs(v[2]), abs(v[3])),
     );
-    let d = hmax(m) / 127.0;
-    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let q = v.map(|v| _mm256_cvttps_epi32(round_away(_mm256_mul_ps(v, id))));
+    let amax = hmax(m);
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let q = v.map(|v| {
+        let r = _mm256_round_ps(
+            _mm256_mul_ps(v, id),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        _mm256_cvttps_epi32(r)
+    });
     (d, q)
 }
 

@@ -174,8 +174,9 @@ fn blocks(n: usize, row: &[u8], xb: usize, act: &[u8], yb: usize) -> usize {
 }
 
 /// A row's dot product from a per-block integer dot `$block`:
-/// Σ over blocks of `(d_w·d_a) · Σ q_w·q_a` (+ `m_w·s_a` when `$with_min`),
-/// on two accumulators to hide the FMA latency.
+/// Σ over blocks of `(d_w·d_a) · Σ q_w·q_a` (+ `m_w·s_a` when `$with_min`), in
+/// ggml's x86 order: one 8-lane FMA accumulator over the blocks (a second one
+/// would be faster but changes the rounding, and llama.cpp's logits with it).
 macro_rules! avx2_dot {
     ($name:ident, $inner:ident, $block:ident, $xb:expr, $yb:expr, $with_min:expr) => {
         fn $name(n: usize, row: &[u8], act: &[u8]) -> f32 {
@@ -187,7 +188,7 @@ macro_rules! avx2_dot {
 
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $inner(nb: usize, x: *const u8, y: *const u8) -> f32 {
-            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut acc = _mm256_setzero_ps();
             let mut mins = 0.0f32;
             // SAFETY: the caller guarantees nb blocks at x and at y.
             unsafe {
@@ -197,21 +198,16 @@ macro_rules! avx2_dot {
                     let ((xd, xm), (yd, ys)) = (f16x2_at(xp), f16x2_at(yp));
                     let d = _mm256_set1_ps(xd * yd);
                     if $with_min {
-                        *mins += xm * ys;
+                        // ggml's `summs += m * s`, contracted to an FMA by GCC.
+                        *mins = xm.mul_add(ys, *mins);
                     }
                     _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($block(xp, yp)), acc)
                 };
-                let mut i = 0;
-                while i + 1 < nb {
-                    acc0 = step(i, acc0, &mut mins);
-                    acc1 = step(i + 1, acc1, &mut mins);
-                    i += 2;
-                }
-                if i < nb {
-                    acc0 = step(i, acc0, &mut mins);
+                for i in 0..nb {
+                    acc = step(i, acc, &mut mins);
                 }
             }
-            hsum_f32(_mm256_add_ps(acc0, acc1)) + mins
+            hsum_f32(acc) + mins
         }
     };
 }

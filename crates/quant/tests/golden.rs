@@ -3,9 +3,12 @@
 //!
 //! - dequantisation: bit-exact with `gguf.quants.dequantize`, every kernel level;
 //! - activation quantisation: byte-exact with ggml's `quantize_row_q8_*_ref`
-//!   (and its f16/bf16 conversion);
+//!   (and its f16/bf16 conversion) at the scalar level, and at the AVX2 level
+//!   with the x86 `from_float` llama.cpp's CPU backend runs (Q8_0/Q8_1 differ
+//!   from the reference at ties);
 //! - dot products: within a stated tolerance of the f64 dot of the dequantised
-//!   weights and dequantised activation, and of ggml's own `vec_dot`.
+//!   weights and dequantised activation, and of ggml's own `vec_dot`; the
+//!   32-value formats' AVX2 dot products equal ggml's x86 ones bit for bit.
 //!
 //! Formats with no kernels yet are reported and skipped.
 
@@ -13,7 +16,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use strata_quant::{
-    ActFormat, QuantType, SimdLevel, detected_simd, kernels_at, quantize_activation,
+    ActFormat, QuantType, SimdLevel, detected_simd, kernels_at, quantize_activation_into_at,
 };
 
 struct Golden {
@@ -24,6 +27,8 @@ struct Golden {
     deq: Vec<f32>,
     act_f32: Vec<f32>,
     actq: Vec<u8>,
+    /// The CPU library's own quantisation (x86: Q8_0 and Q8_1 only).
+    actq_x86: Option<Vec<u8>>,
     ggml_vec_dot: f64,
     f64_dot: f64,
     sum_abs: f64,
@@ -76,6 +81,7 @@ fn load() -> Vec<Golden> {
                 deq: f32s(&read(&format!("{name}.deq"))),
                 act_f32: f32s(&read(&format!("{name}.act"))),
                 actq: read(&format!("{name}.actq")),
+                actq_x86: std::fs::read(dir().join(format!("{name}.actq_x86"))).ok(),
                 ggml_vec_dot: f["ggml_vec_dot"].as_f64().expect("ggml_vec_dot"),
                 f64_dot: f["f64_dot"].as_f64().expect("f64_dot"),
                 sum_abs: f["sum_abs_products"].as_f64().expect("sum_abs"),
@@ -120,16 +126,59 @@ fn dequantisation_is_bit_exact_with_gguf() {
 
 #[test]
 fn activation_quantisation_is_byte_exact_with_ggml() {
+    let mut x86_checked = 0;
     for g in load() {
-        let q = quantize_activation(g.act, &g.act_f32).expect("whole blocks");
-        assert_eq!(q.len(), g.actq.len(), "{} {:?}", g.ty, g.act);
-        let first_diff = q.iter().zip(&g.actq).position(|(a, b)| a != b);
-        assert_eq!(
-            first_diff, None,
-            "{} {:?}: differs from ggml at byte {first_diff:?}",
-            g.ty, g.act
-        );
+        for level in levels() {
+            // The AVX2 level is llama.cpp's x86 quantiser where that differs.
+            let want = match (&g.actq_x86, level) {
+                (Some(x86), SimdLevel::Avx2) => {
+                    x86_checked += 1;
+                    x86
+                }
+                _ => &g.actq,
+            };
+            let mut q = vec![0u8; g.actq.len()];
+            quantize_activation_into_at(level, g.act, &g.act_f32, &mut q).expect("whole blocks");
+            let first_diff = q.iter().zip(want).position(|(a, b)| a != b);
+            assert_eq!(
+                first_diff, None,
+                "{} {:?} {level:?}: differs from ggml at byte {first_diff:?}",
+                g.ty, g.act
+            );
+        }
+        if let Some(x86) = &g.actq_x86 {
+            // The tie rows make the two quantisers differ: the test sees both.
+            assert_ne!(x86, &g.actq, "{}: x86 and reference bytes", g.ty);
+        }
     }
+    if detected_simd() == SimdLevel::Avx2 {
+        assert!(x86_checked >= 7, "the Q8_0/Q8_1 formats at the AVX2 level");
+    }
+}
+
+/// llama.cpp's x86 `vec_dot` of the 32-value formats (the goldens come from an
+/// AVX2+ build): one 8-lane FMA accumulator and `summs += m·s` fused; the AVX2
+/// kernels sum in the same order, so a real model's logits can match its bit for bit.
+#[test]
+fn legacy_avx2_dot_products_equal_ggml_x86_bit_for_bit() {
+    if detected_simd() != SimdLevel::Avx2 {
+        println!("no AVX2: nothing to compare");
+        return;
+    }
+    let mut checked = 0;
+    for g in load() {
+        use QuantType::*;
+        if !matches!(g.ty, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0) {
+            continue;
+        }
+        let k = kernels_at(g.ty, SimdLevel::Avx2).expect("AVX2 kernels");
+        let got = (k.vec_dot)(g.n, &g.blocks, &g.actq);
+        // The manifest holds an f32 as decimal; serde_json's parse of it may be an f64
+        // ulp off, which never changes the f32 it rounds to.
+        assert_eq!(got, g.ggml_vec_dot as f32, "{}", g.ty);
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
 }
 
 /// The kernels round the Q8_1 block sum `s = d·Σq` to f16 (as ggml); that

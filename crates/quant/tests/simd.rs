@@ -104,11 +104,14 @@ fn legacy_dot_handles_extreme_quants() {
     assert_eq!((simd.vec_dot)(128, &row, &act), want);
 }
 
+/// Q8_K is ggml's reference quantiser on every CPU, so every level agrees. (Q8_0
+/// and Q8_1 follow ggml's x86 quantiser at the AVX2 level, which rounds ties to
+/// even and scales by 127/amax: golden.rs checks each level against its oracle.)
 #[test]
 fn activation_quantisation_is_the_same_at_every_level() {
     use strata_quant::{ActFormat, quantize_activation_into_at};
     let mut rng = Rng::new(9);
-    for act in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K] {
+    for act in [ActFormat::Q8_K] {
         for trial in 0..30 {
             let n = 256 * (1 + trial % 5);
             let mut x = random_activation(&mut rng, n);
