@@ -153,6 +153,24 @@ impl HipBackend {
     }
 }
 
+/// Refuses a copy whose pinned side (`what`: source or destination) would run past `p`.
+fn pinned_range(
+    p: &RawPinned,
+    offset: usize,
+    bytes: usize,
+    call: &'static str,
+    what: &str,
+) -> Result<()> {
+    if offset.checked_add(bytes).is_none_or(|end| end > p.len) {
+        return Err(Error::Driver {
+            backend: NAME,
+            call,
+            message: format!("{what} range past the pinned buffer"),
+        });
+    }
+    Ok(())
+}
+
 /// A device address as HIP takes it.
 fn dptr(buf: RawBuffer, offset: usize) -> Handle {
     (buf.0 as usize).wrapping_add(offset) as Handle
@@ -315,16 +333,7 @@ impl Backend for HipBackend {
         bytes: usize,
         _site: Site,
     ) -> Result<()> {
-        if src_offset
-            .checked_add(bytes)
-            .is_none_or(|end| end > src.len)
-        {
-            return Err(Error::Driver {
-                backend: NAME,
-                call: "hipMemcpyHtoDAsync",
-                message: "source range past the pinned buffer".into(),
-            });
-        }
+        pinned_range(src, src_offset, bytes, "hipMemcpyHtoDAsync", "source")?;
         self.bind()?;
         let s = self.stream(stream)?;
         // SAFETY: source range checked; the caller keeps it alive and the destination
@@ -349,16 +358,7 @@ impl Backend for HipBackend {
         bytes: usize,
         _site: Site,
     ) -> Result<()> {
-        if dst_offset
-            .checked_add(bytes)
-            .is_none_or(|end| end > dst.len)
-        {
-            return Err(Error::Driver {
-                backend: NAME,
-                call: "hipMemcpyDtoHAsync",
-                message: "destination range past the pinned buffer".into(),
-            });
-        }
+        pinned_range(dst, dst_offset, bytes, "hipMemcpyDtoHAsync", "destination")?;
         self.bind()?;
         let s = self.stream(stream)?;
         // SAFETY: destination range checked; the caller keeps it alive and unread until
