@@ -1,13 +1,15 @@
 //! The f16 K/V cache: storing new rows, and causal grouped-query attention over it.
 //!
 //! Numerics follow llama.cpp's CPU attention (without flash attention), which is what
-//! its logits are made with: the query is rounded to f16 before the dot products with the
-//! f16 keys (ggml converts it to the keys' vec_dot_type), the scaled scores go through a
-//! softmax whose sum is accumulated in f64 and whose probabilities are normalised and then
-//! rounded to f16 (ggml converts them to the values' vec_dot_type) before the weighted sum
-//! of the f16 values in f32. Rounding the normalised probabilities, not an unnormalised
-//! running sum, is what keeps quantised activations downstream on the same side of their
-//! rounding boundaries as llama.cpp's.
+//! its logits are made with, bit for bit: the query is rounded to f16 before the dot
+//! products with the f16 keys (ggml converts it to the keys' vec_dot_type), the scaled
+//! scores go through a softmax whose sum is accumulated in f64 and whose probabilities
+//! are normalised and then rounded to f16 (ggml converts them to the values' vec_dot_type)
+//! before the weighted sum of the f16 values in f32. Both products sum in ggml's order,
+//! which differs between a batch and a single token ([`SumOrder`]), and llama.cpp's
+//! softmax row is its whole padded cache view (a multiple of 256 cells, the rows past the
+//! token masked): every score goes through the vector `exp` and the row's sum is taken
+//! in whole 16-lane vectors, which padding the span with masked (zero) lanes reproduces.
 //!
 //! Work is split by (token, K/V head): the query heads sharing a K/V head run one after
 //! another over the same cache rows.
@@ -17,7 +19,7 @@ use std::cell::RefCell;
 use super::check::{elems, fits, prefix, prefix_mut};
 use super::ggml_math;
 use super::par;
-use super::simd::{CacheRows, accumulate, round_to_f16, scores, store_f16};
+use super::simd::{CacheRows, SumOrder, round_to_f16, scores, store_f16, weighted_sum};
 use crate::kernels::KernelArgs;
 
 /// The positions of a launch's tokens, each checked to lie inside the cache.
@@ -55,10 +57,16 @@ pub fn kv_store(a: &KernelArgs<'_>) -> Result<(), String> {
     Ok(())
 }
 
+/// Scratch of one thread: the rounded query, one head's scores over the span, and the
+/// lane accumulators of the weighted sum.
+type Scratch = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 thread_local! {
-    /// Per-thread scratch: the rounded query, then one head's scores over the span.
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
+
+/// ggml's softmax vectors: the span is padded with masked lanes to a multiple of this.
+const SOFTMAX_LANES: usize = ggml_math::LANES;
 
 /// The shape of one attention launch.
 struct Shape<'a> {
@@ -70,6 +78,9 @@ struct Shape<'a> {
     head_dim: usize,
     kv_dim: usize,
     scale: f32,
+    /// The summation orders of the query·key and probability·value products.
+    kq_order: SumOrder,
+    kqv_order: SumOrder,
 }
 
 /// Every query head of K/V head `kv_head` for token `t` over cache rows `0..span`, into
@@ -84,23 +95,22 @@ fn run_group<'a>(s: &Shape<'a>, t: usize, kv_head: usize, span: usize, out: &mut
     };
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let (qr, sc) = &mut *scratch;
+        let (qr, sc, acc) = &mut *scratch;
         qr.resize(hd, 0.0);
-        sc.resize(span, 0.0);
+        sc.resize(span.next_multiple_of(SOFTMAX_LANES), 0.0);
         for (j, o) in out.chunks_exact_mut(hd).enumerate() {
             let h = kv_head * s.group + j;
             round_to_f16(&s.q[(t * s.n_head + h) * hd..][..hd], qr);
-            scores(qr, rows(s.k), s.scale, sc);
+            scores(s.kq_order, qr, rows(s.k), s.scale, &mut sc[..span]);
+            sc[span..].fill(f32::NEG_INFINITY);
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let sum = ggml_math::softmax_exp(sc, max);
             let inv = (1.0 / sum) as f32;
-            sc.iter_mut().for_each(|e| *e *= inv);
             // ggml hands the normalised probabilities to the V product as f16.
             for x in sc.iter_mut() {
-                *x = half::f16::from_f32(*x).to_f32();
+                *x = half::f16::from_f32(*x * inv).to_f32();
             }
-            o.fill(0.0);
-            accumulate(sc, rows(s.v), o);
+            weighted_sum(s.kqv_order, &sc[..span], rows(s.v), acc, o);
         }
     });
 }
@@ -143,6 +153,9 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
         head_dim,
         kv_dim,
         scale,
+        kq_order: SumOrder::of(n_tokens, head_dim),
+        // ggml's cache view is a multiple of 256 rows long: always whole vectors.
+        kqv_order: SumOrder::of(n_tokens, SOFTMAX_LANES),
     };
     let group_len = s.group * head_dim;
     par::for_each_chunk(a.pool, out, group_len, |i, o| {

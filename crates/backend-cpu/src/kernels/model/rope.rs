@@ -83,7 +83,7 @@ fn fill_cache(pos: i32, p: &RopeParams, cache: &mut [(f32, f32)]) {
     }
 }
 
-/// rotate_pairs on one head.
+/// rotate_pairs on one head, as llama.cpp's build (GCC, which contracts to FMA) runs it.
 fn rotate(head: &mut [f32], cache: &[(f32, f32)], p: &RopeParams) {
     let half = p.n_rot / 2;
     for (i, &(c, s)) in cache.iter().enumerate() {
@@ -93,8 +93,10 @@ fn rotate(head: &mut [f32], cache: &[(f32, f32)], p: &RopeParams) {
             (2 * i, 2 * i + 1)
         };
         let (x0, x1) = (head[a], head[b]);
-        head[a] = x0 * c - x1 * s;
-        head[b] = x0 * s + x1 * c;
+        // GCC contracts ggml's `x0*cos - x1*sin` and `x0*sin + x1*cos` by fusing the
+        // first product (checked bit for bit against llama.cpp's rope output).
+        head[a] = x0.mul_add(c, -(x1 * s));
+        head[b] = x0.mul_add(s, x1 * c);
     }
 }
 

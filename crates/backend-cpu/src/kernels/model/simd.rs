@@ -1,7 +1,8 @@
 //! The attention inner loops: query·key scores and probability-weighted sums of value
-//! rows over the f16 cache, with keys and values widened to f32 on the fly (F16C) and
-//! every sum in f32. AVX2 + FMA + F16C versions chosen at run time, portable ones beside
-//! them.
+//! rows over the f16 cache, with keys and values widened to f32 and every sum in f32 in
+//! the order llama.cpp's CPU matrix products of f16 rows use ([`SumOrder`]), so the
+//! results are bit for bit its own. The same code is compiled for AVX2 + FMA + F16C
+//! (chosen at run time) and portably; `mul_add` is a fused multiply-add in both.
 
 use half::f16;
 
@@ -36,6 +37,180 @@ pub fn store_f16(src: &[f32], dst: &mut [u16]) {
     dst.convert_from_f32_slice(src);
 }
 
+/// The order in which llama.cpp's CPU backend (without flash attention) sums the terms
+/// of an f16 row product (`kq = K·Q` over the head dimension, `kqv = V·P` over the cache
+/// rows): term `j` goes to lane `j % 16` of accumulator `(j / 16) % groups`, each lane a
+/// chain of FMAs in order; then the accumulators are added pairwise (ggml's
+/// `GGML_F32x16_REDUCE`) and the 16 lanes in the tree of GCC's `_mm512_reduce_add_ps`.
+/// The goldens come from an AVX-512 build, which is what fixes the 16 lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SumOrder {
+    /// A batch of 2+ tokens: llamafile's tinyBLAS (one accumulator of 16 lanes).
+    Batch,
+    /// One token: `ggml_vec_dot_f16` (4 accumulators, 64 terms a step, terms past the
+    /// last whole step added one by one in f64).
+    Single,
+}
+
+const LANES: usize = 16;
+
+impl SumOrder {
+    /// The order of a launch of `n_tokens` tokens whose rows have `len` terms; tinyBLAS
+    /// refuses rows that are not whole vectors, and ggml falls back to `vec_dot`.
+    pub fn of(n_tokens: usize, len: usize) -> Self {
+        if n_tokens >= 2 && len.is_multiple_of(LANES) {
+            Self::Batch
+        } else {
+            Self::Single
+        }
+    }
+
+    fn groups(self) -> usize {
+        match self {
+            Self::Batch => 1,
+            Self::Single => 4,
+        }
+    }
+}
+
+/// `_mm512_reduce_add_ps` as GCC writes it: halves, quarters, then (0+2) + (1+3).
+#[inline(always)]
+fn reduce_lanes(a: &[f32; LANES]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|i| a[i + 8] + a[i]);
+    let t6: [f32; 4] = std::array::from_fn(|i| t3[i + 4] + t3[i]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// The lanes of `groups` accumulators (1 or 4) added as GGML_F32x16_REDUCE does.
+#[inline(always)]
+fn reduce_groups(acc: &[[f32; LANES]]) -> f32 {
+    match acc {
+        [a] => reduce_lanes(a),
+        [a0, a1, a2, a3] => {
+            let x0: [f32; LANES] = std::array::from_fn(|l| a0[l] + a2[l]);
+            let x1: [f32; LANES] = std::array::from_fn(|l| a1[l] + a3[l]);
+            reduce_lanes(&std::array::from_fn(|l| x0[l] + x1[l]))
+        }
+        _ => unreachable!("1 or 4 accumulators"),
+    }
+}
+
+/// `Σ a[j]·b[j]` in `order`.
+#[inline(always)]
+fn dot(order: SumOrder, a: &[f32], b: &[f32]) -> f32 {
+    let g = order.groups();
+    let step = g * LANES;
+    let whole = a.len() / step * step;
+    let mut acc = [[0f32; LANES]; 4];
+    for (ca, cb) in a[..whole]
+        .chunks_exact(step)
+        .zip(b[..whole].chunks_exact(step))
+    {
+        for (k, (va, vb)) in ca
+            .chunks_exact(LANES)
+            .zip(cb.chunks_exact(LANES))
+            .enumerate()
+        {
+            for l in 0..LANES {
+                acc[k][l] = va[l].mul_add(vb[l], acc[k][l]);
+            }
+        }
+    }
+    let mut sum = f64::from(reduce_groups(&acc[..g]));
+    for (&x, &y) in a[whole..].iter().zip(&b[whole..]) {
+        sum += f64::from(x * y);
+    }
+    sum as f32
+}
+
+#[inline(always)]
+fn scores_body(order: SumOrder, q: &[f32], keys: CacheRows<'_>, scale: f32, out: &mut [f32]) {
+    let mut k = [0f32; 512];
+    let mut heap = Vec::new();
+    let k: &mut [f32] = if keys.len <= k.len() {
+        &mut k[..keys.len]
+    } else {
+        heap.resize(keys.len, 0.0);
+        &mut heap
+    };
+    for (i, o) in out.iter_mut().enumerate() {
+        widen(keys.row(i), k);
+        *o = dot(order, q, k) * scale;
+    }
+}
+
+/// `out[i] = dot(q, key row i) * scale` for every `i < out.len()`, summed in `order`;
+/// `q.len() == keys.len`.
+pub fn scores(order: SumOrder, q: &[f32], keys: CacheRows<'_>, scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU runs AVX2, FMA and F16C (checked above).
+        return unsafe { x86::scores(order, q, keys, scale, out) };
+    }
+    scores_body(order, q, keys, scale, out)
+}
+
+#[inline(always)]
+fn weighted_sum_body(
+    order: SumOrder,
+    p: &[f32],
+    values: CacheRows<'_>,
+    acc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let (g, n) = (order.groups(), values.len);
+    // acc[(k * LANES + l) * n + d]: lane l of accumulator k for output d.
+    acc.clear();
+    acc.resize(g * LANES * n, 0.0);
+    let mut v = vec![0f32; n];
+    for (j, &w) in p.iter().enumerate() {
+        if w == 0.0 {
+            // A zero probability adds exactly nothing to any lane (as in ggml, where
+            // masked and unused cache rows take part with p = 0).
+            continue;
+        }
+        widen(values.row(j), &mut v);
+        let slot = ((j / LANES) % g) * LANES + j % LANES;
+        for (a, &x) in acc[slot * n..(slot + 1) * n].iter_mut().zip(&v) {
+            *a = w.mul_add(x, *a);
+        }
+    }
+    let mut lanes = [[0f32; LANES]; 4];
+    for (d, o) in out.iter_mut().enumerate() {
+        for (k, lk) in lanes[..g].iter_mut().enumerate() {
+            for (l, x) in lk.iter_mut().enumerate() {
+                *x = acc[(k * LANES + l) * n + d];
+            }
+        }
+        *o = reduce_groups(&lanes[..g]);
+    }
+}
+
+/// `out = Σ_i p[i] * value row i`, summed in `order` as if the rows ran on to a whole
+/// number of steps with p = 0; `out.len() == values.len`. `acc` is scratch.
+pub fn weighted_sum(
+    order: SumOrder,
+    p: &[f32],
+    values: CacheRows<'_>,
+    acc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU runs AVX2, FMA and F16C (checked above).
+        return unsafe { x86::weighted_sum(order, p, values, acc, out) };
+    }
+    weighted_sum_body(order, p, values, acc, out)
+}
+
+/// f16 bits to f32 (F16C where the caller's target has it).
+#[inline(always)]
+fn widen(src: &[u16], dst: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    let src: &[f16] = bytemuck::cast_slice(src);
+    src.convert_to_f32_slice(dst);
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
@@ -43,144 +218,30 @@ fn has_avx2() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// `out[i] = dot(q, key row i) * scale` for every `i < out.len()`; `q.len() == keys.len`.
-pub fn scores(q: &[f32], keys: CacheRows<'_>, scale: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU runs AVX2, FMA and F16C (checked above).
-        return unsafe { avx2::scores(q, keys, scale, out) };
-    }
-    for (i, o) in out.iter_mut().enumerate() {
-        let k = keys.row(i);
-        let dot: f32 = q
-            .iter()
-            .zip(k)
-            .map(|(&a, &b)| a * f16::from_bits(b).to_f32())
-            .sum();
-        *o = dot * scale;
-    }
-}
-
-/// `acc += Σ_i p[i] * value row i`; `acc.len() == values.len`.
-pub fn accumulate(p: &[f32], values: CacheRows<'_>, acc: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU runs AVX2, FMA and F16C (checked above).
-        return unsafe { avx2::accumulate(p, values, acc) };
-    }
-    for (i, &w) in p.iter().enumerate() {
-        for (a, &v) in acc.iter_mut().zip(values.row(i)) {
-            *a += w * f16::from_bits(v).to_f32();
-        }
-    }
-}
-
+/// The same bodies compiled with FMA, so `mul_add` is one instruction and vectorises.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::CacheRows;
-    use half::f16;
-    use std::arch::x86_64::*;
+mod x86 {
+    use super::{CacheRows, SumOrder, scores_body, weighted_sum_body};
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn load_f16x8(src: &[u16]) -> __m256 {
-        debug_assert!(src.len() >= 8);
-        // SAFETY: src holds at least 8 u16 (callers slice exact chunks of 8).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast())) }
+    pub unsafe fn scores(
+        order: SumOrder,
+        q: &[f32],
+        keys: CacheRows<'_>,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        scores_body(order, q, keys, scale, out)
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn scores(q: &[f32], keys: CacheRows<'_>, scale: f32, out: &mut [f32]) {
-        let n8 = q.len() / 8 * 8;
-        for (i, o) in out.iter_mut().enumerate() {
-            let k = keys.row(i);
-            let mut acc0 = _mm256_setzero_ps();
-            let mut acc1 = _mm256_setzero_ps();
-            let mut d = 0;
-            while d + 16 <= n8 {
-                // SAFETY: d + 16 <= q.len() == k.len().
-                unsafe {
-                    let q0 = _mm256_loadu_ps(q.as_ptr().add(d));
-                    let q1 = _mm256_loadu_ps(q.as_ptr().add(d + 8));
-                    acc0 = _mm256_fmadd_ps(q0, load_f16x8(&k[d..d + 8]), acc0);
-                    acc1 = _mm256_fmadd_ps(q1, load_f16x8(&k[d + 8..d + 16]), acc1);
-                }
-                d += 16;
-            }
-            if d < n8 {
-                // SAFETY: d + 8 <= n8 <= q.len() == k.len().
-                unsafe {
-                    let q0 = _mm256_loadu_ps(q.as_ptr().add(d));
-                    acc0 = _mm256_fmadd_ps(q0, load_f16x8(&k[d..d + 8]), acc0);
-                }
-            }
-            // SAFETY: AVX is enabled in this function.
-            let mut dot = unsafe { hsum(_mm256_add_ps(acc0, acc1)) };
-            for (&a, &b) in q[n8..].iter().zip(&k[n8..]) {
-                dot += a * f16::from_bits(b).to_f32();
-            }
-            *o = dot * scale;
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn accumulate(p: &[f32], values: CacheRows<'_>, acc: &mut [f32]) {
-        let n = acc.len();
-        let n32 = n / 32 * 32;
-        // Blocks of 32 lanes stay in registers across all rows.
-        let mut d0 = 0;
-        while d0 < n32 {
-            // SAFETY: d0 + 32 <= acc.len().
-            let mut r = unsafe {
-                [
-                    _mm256_loadu_ps(acc.as_ptr().add(d0)),
-                    _mm256_loadu_ps(acc.as_ptr().add(d0 + 8)),
-                    _mm256_loadu_ps(acc.as_ptr().add(d0 + 16)),
-                    _mm256_loadu_ps(acc.as_ptr().add(d0 + 24)),
-                ]
-            };
-            for (i, &w) in p.iter().enumerate() {
-                let v = &values.row(i)[d0..d0 + 32];
-                let wv = _mm256_set1_ps(w);
-                for (j, reg) in r.iter_mut().enumerate() {
-                    // SAFETY: v holds 32 values; chunk j is v[8j..8j + 8].
-                    *reg = unsafe { _mm256_fmadd_ps(wv, load_f16x8(&v[8 * j..8 * j + 8]), *reg) };
-                }
-            }
-            for (j, reg) in r.iter().enumerate() {
-                // SAFETY: d0 + 8j + 8 <= acc.len().
-                unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(d0 + 8 * j), *reg) };
-            }
-            d0 += 32;
-        }
-        if n32 < n {
-            for (i, &w) in p.iter().enumerate() {
-                let v = values.row(i);
-                let mut d = n32;
-                while d + 8 <= n {
-                    // SAFETY: d + 8 <= n == acc.len() == v.len().
-                    unsafe {
-                        let a = _mm256_loadu_ps(acc.as_ptr().add(d));
-                        let s = _mm256_fmadd_ps(_mm256_set1_ps(w), load_f16x8(&v[d..d + 8]), a);
-                        _mm256_storeu_ps(acc.as_mut_ptr().add(d), s);
-                    }
-                    d += 8;
-                }
-                for (a, &b) in acc[d..].iter_mut().zip(&v[d..]) {
-                    *a += w * f16::from_bits(b).to_f32();
-                }
-            }
-        }
+    pub unsafe fn weighted_sum(
+        order: SumOrder,
+        p: &[f32],
+        values: CacheRows<'_>,
+        acc: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        weighted_sum_body(order, p, values, acc, out)
     }
 }
