@@ -22,6 +22,7 @@ use strata_core::{
 
 use crate::compile::{self, Origin as ModuleOrigin};
 use crate::driver::{self, NAME, check};
+use crate::kernel_timing::KernelTiming;
 use crate::kernels::{self, KernelTable, MAX_ARGS};
 
 /// How a CUDA device is opened.
@@ -58,6 +59,8 @@ pub struct CudaBackend {
     /// `None` only while dropping (modules unload before the context is released).
     kernels: Option<KernelTable>,
     origins: Vec<(&'static str, ModuleOrigin)>,
+    /// Per-launch timing events (`STRATA_KERNEL_TIMING=1`).
+    timing: Option<KernelTiming>,
 }
 
 impl CudaBackend {
@@ -84,6 +87,7 @@ impl CudaBackend {
             event_pool: Mutex::new(Vec::new()),
             kernels: None,
             origins: Vec::new(),
+            timing: KernelTiming::from_env(),
         };
         // From here on an error drops `backend`, which releases the context.
         backend.bind()?;
@@ -416,6 +420,10 @@ impl Backend for CudaBackend {
         let s = self.stream(stream)?;
         let [gx, gy, gz] = cfg.grid;
         let [bx, by, bz] = cfg.block;
+        let timed = match &self.timing {
+            Some(t) => t.start(s)?,
+            None => None,
+        };
         // SAFETY: `params` holds one pointer per kernel parameter (checked against the
         // signature when the driver reports it), each to a slot alive for the call.
         check("cuLaunchKernel", unsafe {
@@ -432,7 +440,19 @@ impl Backend for CudaBackend {
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
-        })
+        })?;
+        match (&self.timing, timed) {
+            (Some(t), Some(start)) => t.end(kernel, start, s),
+            _ => Ok(()),
+        }
+    }
+
+    fn kernel_times(&self) -> Result<Vec<strata_core::KernelTime>> {
+        self.bind()?;
+        match &self.timing {
+            Some(t) => t.drain(),
+            None => Ok(Vec::new()),
+        }
     }
 
     fn begin_capture(&self, stream: RawStream) -> Result<()> {

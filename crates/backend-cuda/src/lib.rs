@@ -8,6 +8,7 @@
 mod backend;
 mod compile;
 mod driver;
+mod kernel_timing;
 mod kernels;
 
 pub use backend::{CudaBackend, CudaOptions};

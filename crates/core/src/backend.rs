@@ -51,6 +51,14 @@ impl BackendKind {
     }
 }
 
+/// One kernel's share of a profile: how often it ran and its summed device time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    pub kernel: KernelId,
+    pub launches: u64,
+    pub seconds: f64,
+}
+
 /// What a device can do, so the engine can degrade cleanly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capabilities {
@@ -186,6 +194,12 @@ pub trait Backend: Send + Sync {
     /// Sanitizer reports since the last call (empty for backends without one).
     fn take_hazards(&self) -> Vec<Hazard> {
         Vec::new()
+    }
+
+    /// Device time per kernel of the launches since the last call, where the backend
+    /// measures it (a profiling mode); empty otherwise. Waits for those launches.
+    fn kernel_times(&self) -> Result<Vec<KernelTime>> {
+        Ok(Vec::new())
     }
 
     /// The founding bug, on purpose: a copy from ordinary host memory on no stream the

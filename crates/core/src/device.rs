@@ -377,6 +377,12 @@ impl Device {
         self.inner.ordering_disabled.store(true, Ordering::Relaxed);
     }
 
+    /// Device time per kernel since the last call, where the backend profiles launches
+    /// (CUDA with `STRATA_KERNEL_TIMING=1`); empty otherwise.
+    pub fn kernel_times(&self) -> Result<Vec<crate::KernelTime>> {
+        self.inner.backend.kernel_times()
+    }
+
     /// Sanitizer findings so far (also returned as errors by host waits).
     pub fn take_hazards(&self) -> Vec<Hazard> {
         let mut st = self.inner.lock();

@@ -17,8 +17,8 @@ pub mod kernel;
 mod transfer;
 
 pub use backend::{
-    Backend, BackendKind, Capabilities, DeviceInfo, MemInfo, RawBuffer, RawEvent, RawGraph,
-    RawPinned, RawStream,
+    Backend, BackendKind, Capabilities, DeviceInfo, KernelTime, MemInfo, RawBuffer, RawEvent,
+    RawGraph, RawPinned, RawStream,
 };
 pub use buffer::{Args, DeviceBuffer, HostMemory, PinnedBuffer};
 pub use device::{Device, Event, MemoryReport, Stream};

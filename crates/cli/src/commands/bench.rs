@@ -76,6 +76,35 @@ fn copy_bandwidth(dev: &strata_core::Device) -> anyhow::Result<f64> {
     Ok(2.0 * (len * 4 * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
+/// Per-kernel device time of the last repetition's decode steps (backends that profile:
+/// CUDA with STRATA_KERNEL_TIMING=1; graph replays are not broken down, so pair it with
+/// --no-graphs), on stderr.
+fn print_profile(times: &[strata_core::KernelTime], steps: usize) {
+    if times.is_empty() {
+        return;
+    }
+    let total: f64 = times.iter().map(|t| t.seconds).sum();
+    let per_step = |s: f64| 1e6 * s / steps.max(1) as f64;
+    eprintln!(
+        "decode profile: {:.1} us of kernel time per step ({steps} steps)",
+        per_step(total)
+    );
+    eprintln!(
+        "{:<20} {:>9} {:>12} {:>10} {:>7}",
+        "kernel", "launches", "us/step", "us/launch", "share"
+    );
+    for t in times {
+        eprintln!(
+            "{:<20} {:>9} {:>12.1} {:>10.2} {:>6.1}%",
+            t.kernel.name(),
+            t.launches,
+            per_step(t.seconds),
+            1e6 * t.seconds / t.launches.max(1) as f64,
+            100.0 * t.seconds / total
+        );
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     let need = (args.n_prompt + args.n_gen + 1) as u32;
@@ -103,6 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.eval(&[6])?;
     }
     let (mut pp_s, mut tg_s) = (0.0, 0.0);
+    let mut decode_profile = Vec::new();
     for rep in 0..reps {
         let mut ctx = new_context()?;
         if args.n_prompt > 0 {
@@ -115,12 +145,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         if args.n_gen > 0 {
             let mut tok = (rng.next_u64() % vocab as u64) as u32;
+            loaded.dev.kernel_times()?; // a profile covers the decode steps only
             let t = Instant::now();
             for _ in 0..args.n_gen {
                 let logits = ctx.eval(&[tok])?;
                 tok = strata_engine::sampler::argmax(&logits);
             }
             tg_s += t.elapsed().as_secs_f64();
+            decode_profile = loaded.dev.kernel_times()?;
         }
         tracing::info!("bench repetition {}/{reps} done", rep + 1);
     }
@@ -135,6 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         0.0
     };
     let info = loaded.dev.info();
+    print_profile(&decode_profile, args.n_gen);
     let weight_bytes = weight_bytes_per_token(&loaded.model);
     let bandwidth = if args.roofline {
         Some(copy_bandwidth(&loaded.dev)?)
@@ -174,7 +207,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
-        println!("weights read per decode token: {:.3} GB", weight_bytes / 1e9);
+        println!(
+            "weights read per decode token: {:.3} GB",
+            weight_bytes / 1e9
+        );
         if let (Some(bw), Some(f)) = (bandwidth, roofline) {
             println!(
                 "device copy bandwidth {:.0} GB/s; decode at {:.1}% of that roofline",
