@@ -11,6 +11,7 @@ use strata_core::{Device, Graph, Stream};
 use strata_model::{KvCache, LogitRows, Model, Scratch};
 
 use crate::error::{EngineError, Result};
+use crate::experts::{ExpertStats, SharedExpertCache};
 
 pub struct Context {
     pub model: Arc<Model>,
@@ -23,6 +24,9 @@ pub struct Context {
     /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
     decode_graph: Option<Graph>,
     use_graphs: bool,
+    /// The expert cache that runs the routed experts, when they are not all on the device
+    /// (a step then waits for the device at every MoE layer and is not captured).
+    experts: Option<SharedExpertCache>,
 }
 
 impl Context {
@@ -44,7 +48,26 @@ impl Context {
             tokens: Vec::new(),
             decode_graph: None,
             use_graphs: true,
+            experts: None,
         })
+    }
+
+    /// Runs the routed experts through `cache` (required when the model was loaded
+    /// without its experts on the device).
+    pub fn set_expert_cache(&mut self, cache: Option<SharedExpertCache>) {
+        self.experts = cache;
+        self.decode_graph = None;
+    }
+
+    pub fn expert_cache(&self) -> Option<&SharedExpertCache> {
+        self.experts.as_ref()
+    }
+
+    /// The expert cache's statistics since the last call (one request's), if it has one.
+    pub fn take_expert_stats(&self) -> Option<ExpertStats> {
+        let cache = self.experts.as_ref()?;
+        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+        Some(c.take_stats())
     }
 
     /// Whether single-token steps replay a captured graph (the default) or launch each
@@ -104,7 +127,20 @@ impl Context {
         let batch = self.scratch.n_max as usize;
         for chunk in tokens.chunks(batch) {
             let pos0 = self.tokens.len() as u32;
-            if chunk.len() == 1 && rows == LogitRows::Last && self.use_graphs {
+            if let Some(cache) = &self.experts {
+                let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+                self.model.forward_with(
+                    &self.dev,
+                    self.stream,
+                    &self.scratch,
+                    &self.kv,
+                    chunk,
+                    pos0,
+                    rows,
+                    Some(&mut *cache),
+                )?;
+                cache.between_steps()?;
+            } else if chunk.len() == 1 && rows == LogitRows::Last && self.use_graphs {
                 self.step_graph(chunk, pos0)?;
             } else {
                 self.model.forward(

@@ -7,6 +7,8 @@ pub enum EngineError {
     #[error(transparent)]
     Device(#[from] strata_core::Error),
     #[error(transparent)]
+    Experts(#[from] crate::experts::ExpertError),
+    #[error(transparent)]
     Tokenizer(#[from] strata_model::tokenizer::TokenizerError),
     #[error("the prompt has {prompt} tokens but the context holds {ctx} (raise --ctx)")]
     PromptTooLong { prompt: usize, ctx: usize },

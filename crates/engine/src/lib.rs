@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod error;
+pub mod experts;
 pub mod generate;
 pub mod kv_snapshot;
 pub mod sampler;

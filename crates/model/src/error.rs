@@ -32,6 +32,10 @@ pub enum ModelError {
     ContextFull { needed: usize, ctx: usize },
     #[error("token id {0} is outside the vocabulary ({1} tokens)")]
     BadToken(u32, usize),
+    #[error("the routed experts were loaded for an expert cache, and none runs them")]
+    ExpertsNotOnDevice,
+    #[error("expert cache: {0}")]
+    ExpertCache(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -6,6 +6,7 @@ use strata_core::{Device, DeviceBuffer, Stream};
 use crate::error::{ModelError, Result};
 use crate::hparams::QkNorm;
 use crate::model::{Attention, Ffn, Model};
+use crate::moe::{MoeIo, RoutedExperts};
 use crate::ops::Ops;
 
 /// The f16 K/V cache: per layer, `n_ctx` rows of `kv_dim` for K and for V.
@@ -127,8 +128,24 @@ impl Model {
         pos0: u32,
         rows: LogitRows,
     ) -> Result<()> {
+        self.forward_with(dev, stream, scratch, kv, tokens, pos0, rows, None)
+    }
+
+    /// [`Model::forward`], with the routed experts run by `experts` (an expert cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_with(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        kv: &KvCache,
+        tokens: &[u32],
+        pos0: u32,
+        rows: LogitRows,
+        experts: Option<&mut dyn RoutedExperts>,
+    ) -> Result<()> {
         self.prepare(dev, stream, scratch, kv, tokens, pos0)?;
-        self.record(dev, stream, scratch, kv, tokens.len() as u32, rows)
+        self.record_with(dev, stream, scratch, kv, tokens.len() as u32, rows, experts)
     }
 
     /// Checks a batch and uploads its token ids and positions into the scratch: what
@@ -178,6 +195,22 @@ impl Model {
         n: u32,
         rows: LogitRows,
     ) -> Result<()> {
+        self.record_with(dev, stream, scratch, kv, n, rows, None)
+    }
+
+    /// [`Model::record`], with the routed experts run by `experts`; with an expert cache
+    /// this waits for the device at every MoE layer, so it cannot be captured.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_with(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        kv: &KvCache,
+        n: u32,
+        rows: LogitRows,
+        mut experts: Option<&mut dyn RoutedExperts>,
+    ) -> Result<()> {
         let h = &self.hp;
         if n == 0 || n > scratch.n_max {
             return Err(ModelError::BadHParams(format!(
@@ -203,7 +236,7 @@ impl Model {
             self.attention(&ops, s, &layer.attn, kv, il, n)?;
             ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
             ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
-            self.ffn(&ops, s, &layer.ffn, n)?;
+            self.ffn(&ops, s, &layer.ffn, il, n, experts.as_deref_mut())?;
             ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
         }
         let e = h.n_embd as usize;
@@ -277,7 +310,15 @@ impl Model {
     }
 
     /// FFN of the normalised `s.xn` into `s.tmp`.
-    fn ffn(&self, ops: &Ops<'_>, s: &Scratch, ffn: &Ffn, n: u32) -> Result<()> {
+    fn ffn<'e>(
+        &self,
+        ops: &Ops<'_>,
+        s: &Scratch,
+        ffn: &Ffn,
+        il: usize,
+        n: u32,
+        experts: Option<&mut (dyn RoutedExperts + 'e)>,
+    ) -> Result<()> {
         let h = &self.hp;
         match ffn {
             Ffn::Dense { gate, up, down } => {
@@ -307,11 +348,37 @@ impl Model {
                     k,
                     moe.norm_topk,
                 )?;
-                ops.mul_mat_experts(gate, &s.xn, &s.expert_ids, &s.fa, n, k, false)?;
-                ops.mul_mat_experts(up, &s.xn, &s.expert_ids, &s.fb, n, k, false)?;
-                ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
-                ops.mul_mat_experts(down, &s.fc, &s.expert_ids, &s.moe_y, n, k, true)?;
-                ops.moe_combine(&s.moe_y, &s.expert_w, &s.tmp, n, k, h.n_embd)?;
+                match (experts, &gate.buf, &up.buf, &down.buf) {
+                    (Some(runner), _, _, _) => {
+                        let io = MoeIo {
+                            layer: il,
+                            n_tokens: n,
+                            n_used: k,
+                            n_embd: h.n_embd,
+                            xn: &s.xn,
+                            expert_ids: &s.expert_ids,
+                            expert_w: &s.expert_w,
+                            fa: &s.fa,
+                            fb: &s.fb,
+                            fc: &s.fc,
+                            moe_y: &s.moe_y,
+                            out: &s.tmp,
+                            gate,
+                            up,
+                            down,
+                        };
+                        runner.run(ops, &io)?;
+                    }
+                    (None, Some(wg), Some(wu), Some(wd)) => {
+                        let y = &s.moe_y;
+                        ops.mul_mat_experts(gate, wg, &s.xn, &s.expert_ids, &s.fa, n, k, false)?;
+                        ops.mul_mat_experts(up, wu, &s.xn, &s.expert_ids, &s.fb, n, k, false)?;
+                        ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
+                        ops.mul_mat_experts(down, wd, &s.fc, &s.expert_ids, y, n, k, true)?;
+                        ops.moe_combine(&s.moe_y, &s.expert_w, &s.tmp, n, k, h.n_embd)?;
+                    }
+                    (None, _, _, _) => return Err(ModelError::ExpertsNotOnDevice),
+                }
                 if let Some(sh) = shared {
                     ops.mul_mat(&sh.gate, &s.xn, 0, &s.fa, n)?;
                     ops.mul_mat(&sh.up, &s.xn, 0, &s.fb, n)?;

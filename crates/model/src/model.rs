@@ -63,6 +63,22 @@ pub struct Model {
     pub gguf: Arc<GgufFile>,
 }
 
+/// How a model is put on its device.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Put the routed experts on the device (`--expert-cache all`); otherwise only their
+    /// place in the mapped file is kept, for an expert cache and its CPU pool.
+    pub experts_on_device: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            experts_on_device: true,
+        }
+    }
+}
+
 impl Model {
     /// Reads hyper-parameters and puts every weight on `dev` (uploads on `stream`).
     /// `progress` is called with (layers done, layers total).
@@ -70,10 +86,22 @@ impl Model {
         dev: &Device,
         stream: Stream,
         gguf: Arc<GgufFile>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Model> {
+        Self::load_with(dev, stream, gguf, LoadOptions::default(), progress)
+    }
+
+    /// [`Model::load`] with options.
+    pub fn load_with(
+        dev: &Device,
+        stream: Stream,
+        gguf: Arc<GgufFile>,
+        opts: LoadOptions,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Model> {
         let hp = arch::hparams(&gguf)?;
         let mut ld = Loader::new(dev, stream, gguf.clone());
+        ld.experts_on_device = opts.experts_on_device;
         let (e, v) = (hp.n_embd, hp.n_vocab);
         let tok_embd = ld.matrix("token_embd.weight", e, v)?;
         let output_norm = ld.vector("output_norm.weight", e)?;
@@ -102,6 +130,16 @@ impl Model {
             output,
             layers,
             gguf,
+        })
+    }
+
+    /// Whether the routed experts are on the device (no expert cache needed).
+    pub fn experts_on_device(&self) -> bool {
+        self.layers.iter().all(|l| match &l.ffn {
+            Ffn::Moe { gate, up, down, .. } => {
+                gate.buf.is_some() && up.buf.is_some() && down.buf.is_some()
+            }
+            Ffn::Dense { .. } => true,
         })
     }
 

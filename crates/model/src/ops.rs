@@ -250,11 +250,13 @@ impl Ops<'_> {
         self.launch_cfg(KernelId::RouterTopk, warp_per_row(n_tokens as usize), args)
     }
 
-    /// `y[t][j] = x' * W_{ids[t][j]}^T`; x' is x[t] or, with `x_per_slot`, x[t][j].
+    /// `y[t][j] = x' * W_{ids[t][j]}^T`; x' is x[t] or, with `x_per_slot`, x[t][j]. `buf`
+    /// holds all of `w`'s experts (`w.buf`, or a copy on another device).
     #[allow(clippy::too_many_arguments)]
     pub fn mul_mat_experts(
         &self,
         w: &Experts,
+        buf: &DeviceBuffer<u8>,
         x: &DeviceBuffer<f32>,
         ids: &DeviceBuffer<i32>,
         y: &DeviceBuffer<f32>,
@@ -263,7 +265,7 @@ impl Ops<'_> {
         x_per_slot: bool,
     ) -> Result<()> {
         let args = Args::new()
-            .read(&w.buf)
+            .read(buf)
             .read(x)
             .read(ids)
             .write(y)
@@ -279,6 +281,70 @@ impl Ops<'_> {
             (n_tokens * n_used * w.m) as usize,
             args,
         )
+    }
+
+    /// [`Ops::mul_mat_experts`] over the expert cache: the pairs whose expert has a slot
+    /// in `table` (the layer's row of the residency table) read `w` from `slots` at
+    /// `matrix_offset` within the slot; the other pairs' rows of `y` are left alone.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_mat_experts_cached(
+        &self,
+        w: &Experts,
+        slots: &DeviceBuffer<u8>,
+        slot_bytes: u64,
+        matrix_offset: u64,
+        table: &DeviceBuffer<i32>,
+        table_offset: usize,
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        y: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+        x_per_slot: bool,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(slots)
+            .read_at(table, table_offset)
+            .read(x)
+            .read(ids)
+            .write(y)
+            .u32(w.ty.id())
+            .u32(w.m)
+            .u32(w.k)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(x_per_slot as u32)
+            .u32(w.n_expert)
+            .u64(slot_bytes)
+            .u64(matrix_offset);
+        let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
+        self.launch_cfg(KernelId::MulMatExpertsCached, blocks(units), args)
+    }
+
+    /// [`Ops::moe_combine`] with the rows `host_row` names taken from `y_host` (the CPU
+    /// pool's outputs) instead of `y`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine_split(
+        &self,
+        y: &DeviceBuffer<f32>,
+        y_host: &DeviceBuffer<f32>,
+        host_row: &DeviceBuffer<i32>,
+        weights: &DeviceBuffer<f32>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+        m: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(y)
+            .read(y_host)
+            .read(host_row)
+            .read(weights)
+            .write(out)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(m);
+        self.launch(KernelId::MoeCombineSplit, (n_tokens * m) as usize, args)
     }
 
     pub fn moe_combine(

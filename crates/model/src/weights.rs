@@ -18,7 +18,12 @@ pub struct Matrix {
 
 /// `n_expert` matrices of `m` × `k`, contiguous, `expert_bytes` apart.
 pub struct Experts {
-    pub buf: DeviceBuffer<u8>,
+    /// All experts on the device; `None` when an expert cache holds some of them in slots
+    /// and the CPU pool computes the rest from the file.
+    pub buf: Option<DeviceBuffer<u8>>,
+    /// Byte offset of expert 0 in the mapped file (expert e at `file_offset + e *
+    /// expert_bytes`): the host view the cache fills slots from and the pool reads.
+    pub file_offset: u64,
     pub ty: QuantType,
     pub m: u32,
     pub k: u32,
@@ -48,6 +53,8 @@ pub struct Loader<'a> {
     memory: Arc<dyn HostMemory>,
     /// Bytes uploaded or borrowed so far (for progress).
     pub bytes_loaded: u64,
+    /// Whether routed experts go on the device (otherwise only their host view is kept).
+    pub experts_on_device: bool,
 }
 
 impl<'a> Loader<'a> {
@@ -59,7 +66,13 @@ impl<'a> Loader<'a> {
             gguf,
             memory,
             bytes_loaded: 0,
+            experts_on_device: true,
         }
+    }
+
+    /// The device this loader puts tensors on.
+    pub fn device(&self) -> &Device {
+        self.dev
     }
 
     pub fn gguf(&self) -> &GgufFile {
@@ -143,8 +156,14 @@ impl<'a> Loader<'a> {
                     name: name.to_string(),
                     detail: format!("row of {k} is not a whole number of {} blocks", t.ty),
                 })?;
+        let buf = if self.experts_on_device {
+            Some(self.bytes_of(&t)?)
+        } else {
+            None
+        };
         Ok(Experts {
-            buf: self.bytes_of(&t)?,
+            buf,
+            file_offset: t.offset,
             ty: t.ty,
             m,
             k,

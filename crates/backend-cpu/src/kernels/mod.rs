@@ -2,6 +2,7 @@
 //! exhaustive, so a kernel added to the CUDA sources without a CPU version fails to build.
 
 mod conformance;
+mod experts;
 mod model;
 
 pub use model::thread_pool;
@@ -142,5 +143,7 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::MulMatExperts => model::mul_mat_experts(args),
         KernelId::MoeCombine => model::moe_combine(args),
         KernelId::SigmoidGateAdd => model::sigmoid_gate_add(args),
+        KernelId::MulMatExpertsCached => experts::mul_mat_experts_cached(args),
+        KernelId::MoeCombineSplit => experts::moe_combine_split(args),
     }
 }

@@ -1,0 +1,440 @@
+//! The expert cache: `n` device slots, each holding one (layer, expert)'s gate, up and down
+//! matrices, the residency table that says which, and the CPU pool for the rest. At every
+//! MoE layer it reads the router's choice back (the one host sync of the offload path),
+//! queues the resident pairs on the device, runs the others on the pool meanwhile, then
+//! uploads the pool's outputs and sums both on the device in fixed slot order.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use strata_core::{Device, DeviceBuffer, Stream};
+use strata_gguf::GgufFile;
+use strata_model::ops::Ops;
+use strata_model::{ModelError, MoeIo, RoutedExperts};
+
+use super::ExpertError;
+use super::layout::Layout;
+use super::pool::CpuPool;
+use super::residency::Residency;
+use super::stats::ExpertStats;
+
+/// How the cache behaves.
+#[derive(Clone, Debug)]
+pub struct ExpertCacheOptions {
+    /// Device slots (clamped to the model's routed experts).
+    pub slots: usize,
+    /// Fill free slots with the experts routing has asked for, between steps.
+    pub learn: bool,
+    /// Between steps, move hot non-resident experts into the slots of cold ones.
+    pub adapt: bool,
+    /// Let those copies run while the next step does (no host wait for them).
+    pub adapt_async: bool,
+    /// Slot copies per step at most (adaptation and online learning each).
+    pub copies_per_step: usize,
+}
+
+impl Default for ExpertCacheOptions {
+    fn default() -> Self {
+        ExpertCacheOptions {
+            slots: 0,
+            learn: true,
+            adapt: false,
+            adapt_async: false,
+            copies_per_step: 4,
+        }
+    }
+}
+
+pub struct ExpertCache {
+    dev: Device,
+    /// Router choices down, activations down, the pool's outputs up.
+    xfer: Stream,
+    /// Slot fills and table uploads.
+    copy: Stream,
+    layout: Layout,
+    gguf: Arc<GgufFile>,
+    slots: DeviceBuffer<u8>,
+    table: Residency,
+    pool: CpuPool,
+    split: Option<(usize, DeviceBuffer<f32>, DeviceBuffer<i32>)>,
+    counts: Vec<u64>,
+    stats: ExpertStats,
+    opts: ExpertCacheOptions,
+}
+
+/// (layer, expert) pairs by count, hottest first, ties to the lower (layer, expert).
+fn by_heat(
+    counts: &[u64],
+    n_expert: usize,
+    keep: impl Fn(usize, u32) -> bool,
+) -> Vec<(usize, u32)> {
+    let mut v: Vec<(usize, u32)> = (0..counts.len())
+        .map(|i| (i / n_expert, (i % n_expert) as u32))
+        .filter(|&(l, e)| keep(l, e))
+        .collect();
+    v.sort_by(|a, b| {
+        let (ca, cb) = (
+            counts[a.0 * n_expert + a.1 as usize],
+            counts[b.0 * n_expert + b.1 as usize],
+        );
+        cb.cmp(&ca).then(a.cmp(b))
+    });
+    v
+}
+
+impl ExpertCache {
+    /// A cache of `opts.slots` slots on `dev` for the model `layout` describes (its
+    /// weights mapped from `gguf`), with `pool` for the experts outside it. Empty until
+    /// [`ExpertCache::fill_from_counts`] or online learning fills it.
+    pub fn new(
+        dev: &Device,
+        layout: Layout,
+        gguf: Arc<GgufFile>,
+        pool: CpuPool,
+        mut opts: ExpertCacheOptions,
+    ) -> Result<Self, ExpertError> {
+        opts.slots = opts.slots.min(layout.n_routed());
+        let copy = dev.create_stream()?;
+        let xfer = dev.create_stream()?;
+        let bytes = usize::try_from(layout.slot_bytes)
+            .ok()
+            .and_then(|b| b.checked_mul(opts.slots))
+            .ok_or(ExpertError::TooManySlots(opts.slots))?;
+        let slots = dev.alloc::<u8>(bytes)?;
+        let (nl, ne) = (layout.n_layer(), layout.n_expert as usize);
+        let table = Residency::new(dev, copy, nl, ne, opts.slots)?;
+        tracing::info!(
+            "expert cache: {} of {} experts in {:.1} MiB of slots ({:.2} MiB each)",
+            opts.slots,
+            layout.n_routed(),
+            bytes as f64 / (1u64 << 20) as f64,
+            layout.slot_bytes as f64 / (1u64 << 20) as f64
+        );
+        Ok(ExpertCache {
+            dev: dev.clone(),
+            xfer,
+            copy,
+            gguf,
+            slots,
+            table,
+            pool,
+            split: None,
+            counts: vec![0; nl * ne],
+            stats: ExpertStats {
+                bytes_fill: (nl * ne * 4) as u64,
+                ..Default::default()
+            },
+            layout,
+            opts,
+        })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn residency(&self) -> &Residency {
+        &self.table
+    }
+
+    /// Routing counts so far (profile counts included), `layers x experts`.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    pub fn stats(&self) -> &ExpertStats {
+        &self.stats
+    }
+
+    /// The stats since the last call, and a fresh start (one request's worth).
+    pub fn take_stats(&mut self) -> ExpertStats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Copies (layer, e)'s matrices from the mapped file into `slot` on the copy stream
+    /// (ordered uploads: kernels still reading the slot's old expert finish first, and
+    /// every later reader waits for the new bytes).
+    fn fill(&mut self, slot: usize, layer: usize, e: u32) -> Result<(), ExpertError> {
+        let lay = self.layout.layers[layer].ok_or(ExpertError::NotMoe(layer))?;
+        let base = slot * self.layout.slot_bytes as usize;
+        let file = self.gguf.bytes();
+        for m in &lay.mats {
+            let range = m.file_range(e);
+            let bytes = file
+                .get(range.clone())
+                .ok_or(ExpertError::OutsideFile(layer, e))?;
+            self.dev
+                .upload_at(&self.slots, base + m.slot_offset as usize, bytes, self.copy)?;
+            self.stats.bytes_fill += bytes.len() as u64;
+        }
+        self.table.assign(slot, layer, e);
+        self.stats.slot_fills += 1;
+        Ok(())
+    }
+
+    fn publish(&mut self) -> Result<(), ExpertError> {
+        if self.table.publish(&self.dev, self.copy)? {
+            self.stats.bytes_fill += self.table.table_bytes();
+        }
+        Ok(())
+    }
+
+    /// Adds `counts` (a profile) to the routing counts and fills every slot with the
+    /// hottest experts.
+    pub fn fill_from_counts(&mut self, counts: &[u64]) -> Result<(), ExpertError> {
+        if counts.len() != self.counts.len() {
+            return Err(ExpertError::CountsShape(counts.len(), self.counts.len()));
+        }
+        for (c, &p) in self.counts.iter_mut().zip(counts) {
+            *c += p;
+        }
+        let ne = self.layout.n_expert as usize;
+        let layout = &self.layout;
+        let hot = by_heat(&self.counts, ne, |l, e| layout.is_expert(l, e));
+        for (slot, &(l, e)) in hot.iter().take(self.table.n_slots()).enumerate() {
+            self.fill(slot, l, e)?;
+        }
+        self.publish()
+    }
+
+    /// Between steps: fill free slots with experts routing asked for (online learning)
+    /// and, with `adapt`, swap hot experts in for cold ones; at most `copies_per_step`
+    /// copies of each kind. Without `adapt_async` the host waits for the copies.
+    pub fn between_steps(&mut self) -> Result<(), ExpertError> {
+        let ne = self.layout.n_expert as usize;
+        let mut copies = 0;
+        if self.opts.learn {
+            let table = &self.table;
+            let want = by_heat(&self.counts, ne, |l, e| {
+                table.slot_of(l, e).is_none() && self.counts[l * ne + e as usize] > 0
+            });
+            for (l, e) in want.into_iter().take(self.opts.copies_per_step) {
+                let Some(slot) = self.table.free_slot() else {
+                    break;
+                };
+                self.fill(slot, l, e)?;
+                copies += 1;
+            }
+        }
+        if self.opts.adapt && self.table.free_slot().is_none() {
+            let table = &self.table;
+            let hot = by_heat(&self.counts, ne, |l, e| {
+                self.layout.is_expert(l, e) && table.slot_of(l, e).is_none()
+            });
+            let mut cold: Vec<(u64, usize)> = (0..table.n_slots())
+                .filter_map(|s| {
+                    table
+                        .owner(s)
+                        .map(|(l, e)| (self.counts[l * ne + e as usize], s))
+                })
+                .collect();
+            cold.sort_unstable();
+            for (&(l, e), &(c_cold, slot)) in hot.iter().zip(&cold).take(self.opts.copies_per_step)
+            {
+                // Hysteresis: a swap must pay for itself, or two experts of equal heat
+                // would trade places every step.
+                if self.counts[l * ne + e as usize] <= 2 * c_cold + 1 {
+                    break;
+                }
+                self.fill(slot, l, e)?;
+                copies += 1;
+            }
+        }
+        if copies > 0 {
+            self.publish()?;
+            if !self.opts.adapt_async {
+                self.dev.record(self.copy)?.wait()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn split_buffers(
+        &mut self,
+        pairs: usize,
+        rows: usize,
+    ) -> Result<(&DeviceBuffer<f32>, &DeviceBuffer<i32>), ExpertError> {
+        let embd = self.layout.n_embd as usize;
+        if self
+            .split
+            .as_ref()
+            .is_none_or(|(cap, _, _)| *cap < pairs.max(rows))
+        {
+            let cap = pairs.max(rows).next_power_of_two();
+            self.split = Some((cap, self.dev.alloc(cap * embd)?, self.dev.alloc(cap)?));
+        }
+        match &self.split {
+            Some((_, y, r)) => Ok((y, r)),
+            None => Err(ExpertError::PoolDevice),
+        }
+    }
+
+    /// The routed experts of one layer (see the module comment).
+    fn run_layer(&mut self, ops: &Ops<'_>, io: &MoeIo<'_>) -> Result<(), ExpertError> {
+        let il = io.layer;
+        let lay = self
+            .layout
+            .layers
+            .get(il)
+            .copied()
+            .flatten()
+            .ok_or(ExpertError::NotMoe(il))?;
+        let (n, k, embd) = (io.n_tokens as usize, io.n_used as usize, io.n_embd as usize);
+        let ne = self.layout.n_expert as usize;
+        let pairs = n * k;
+        let dev = self.dev.clone();
+        let ids = dev
+            .download_range(io.expert_ids, 0, pairs, self.xfer)?
+            .wait()?;
+        self.stats.bytes_down += (pairs * 4) as u64;
+        // The plan, from the host table: resident pairs stay on the device, the others
+        // become rows of the pool's batch.
+        let mut host_row = vec![-1i32; pairs];
+        let (mut cpu_ids, mut cpu_tok) = (Vec::new(), Vec::new());
+        for (p, &id) in ids.iter().enumerate() {
+            let e = u32::try_from(id)
+                .ok()
+                .filter(|&e| (e as usize) < ne)
+                .ok_or(ExpertError::BadExpertId(il, id))?;
+            self.counts[il * ne + e as usize] += 1;
+            if self.table.slot_of(il, e).is_none() {
+                host_row[p] = cpu_ids.len() as i32;
+                cpu_ids.push(id);
+                cpu_tok.push(p / k);
+            }
+        }
+        let misses = cpu_ids.len() as u64;
+        let hits = pairs as u64 - misses;
+        if n == 1 {
+            self.stats.decode_tokens += 1;
+            self.stats.decode_hits += hits;
+            self.stats.decode_misses += misses;
+        } else {
+            self.stats.prefill_hits += hits;
+            self.stats.prefill_misses += misses;
+        }
+        // Activations for the pool, on the transfer stream and queued before the
+        // device's expert work, so their copy does not wait for it.
+        let xn = if cpu_ids.is_empty() {
+            None
+        } else {
+            Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?)
+        };
+        let table = self.table.device();
+        let sb = self.layout.slot_bytes;
+        let (gate, up, down) = (io.gate, io.up, io.down);
+        let (nt, nu) = (io.n_tokens, io.n_used);
+        if hits > 0 {
+            let at = il * ne;
+            let off = |i: usize| lay.mats[i].slot_offset;
+            ops.mul_mat_experts_cached(
+                gate,
+                &self.slots,
+                sb,
+                off(0),
+                table,
+                at,
+                io.xn,
+                io.expert_ids,
+                io.fa,
+                nt,
+                nu,
+                false,
+            )?;
+            ops.mul_mat_experts_cached(
+                up,
+                &self.slots,
+                sb,
+                off(1),
+                table,
+                at,
+                io.xn,
+                io.expert_ids,
+                io.fb,
+                nt,
+                nu,
+                false,
+            )?;
+            ops.swiglu(io.fa, io.fb, io.fc, nt * nu * gate.m)?;
+            ops.mul_mat_experts_cached(
+                down,
+                &self.slots,
+                sb,
+                off(2),
+                table,
+                at,
+                io.fc,
+                io.expert_ids,
+                io.moe_y,
+                nt,
+                nu,
+                true,
+            )?;
+        }
+        let Some(xn) = xn else {
+            ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
+            return Ok(());
+        };
+        let device_done = if hits > 0 {
+            Some(dev.record(ops.stream)?)
+        } else {
+            None
+        };
+        let t0 = Instant::now();
+        let xn = xn.wait()?;
+        self.stats.bytes_down += (n * embd * 4) as u64;
+        let mut x = Vec::with_capacity(cpu_tok.len() * embd);
+        for &t in &cpu_tok {
+            x.extend_from_slice(&xn[t * embd..(t + 1) * embd]);
+        }
+        let pending = self.pool.start(il, &x, &cpu_ids)?;
+        // Both sides work until the first finishes: poll the device while the pool runs.
+        let mut device_end = None;
+        if let Some(ev) = &device_done {
+            loop {
+                if ev.is_done()? {
+                    device_end = Some(t0.elapsed());
+                    break;
+                }
+                if pending.is_ready()? {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        let y = pending.wait()?;
+        let pool_time = t0.elapsed();
+        self.stats.pool_seconds += pool_time.as_secs_f64();
+        self.stats.overlap_seconds += match (&device_done, device_end) {
+            (None, _) => 0.0,
+            (Some(_), Some(d)) => d.as_secs_f64(),
+            (Some(_), None) => pool_time.as_secs_f64(),
+        };
+        let xfer = self.xfer;
+        let (y_host, rows) = self.split_buffers(pairs, cpu_ids.len())?;
+        dev.upload(y_host, &y, xfer)?;
+        dev.upload(rows, &host_row, xfer)?;
+        ops.moe_combine_split(
+            io.moe_y,
+            y_host,
+            rows,
+            io.expert_w,
+            io.out,
+            nt,
+            nu,
+            io.n_embd,
+        )?;
+        self.stats.bytes_up += (y.len() * 4 + pairs * 4) as u64;
+        Ok(())
+    }
+}
+
+impl RoutedExperts for ExpertCache {
+    fn run(&mut self, ops: &Ops<'_>, io: &MoeIo<'_>) -> strata_model::Result<()> {
+        self.run_layer(ops, io).map_err(|e| match e {
+            ExpertError::Device(d) => ModelError::Device(d),
+            ExpertError::Model(m) => m,
+            other => ModelError::ExpertCache(other.to_string()),
+        })
+    }
+}

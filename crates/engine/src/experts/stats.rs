@@ -1,0 +1,80 @@
+//! What the expert cache did during a request: decode hit rate, experts on the CPU per
+//! token, bytes over the bus, and how much of the time the CPU pool and the device worked
+//! at once.
+
+use std::fmt;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertStats {
+    /// Single-token steps (decode).
+    pub decode_tokens: u64,
+    /// Routed (token, expert) pairs of decode steps found resident / computed on the CPU.
+    pub decode_hits: u64,
+    pub decode_misses: u64,
+    /// The same for batched steps (prefill).
+    pub prefill_hits: u64,
+    pub prefill_misses: u64,
+    /// Bytes downloaded (router choices, activations) and uploaded (the pool's outputs,
+    /// their row map), and bytes written into slots and residency tables.
+    pub bytes_down: u64,
+    pub bytes_up: u64,
+    pub bytes_fill: u64,
+    /// Slots filled (initial fill, online learning, adaptation).
+    pub slot_fills: u64,
+    /// Seconds the CPU pool worked, and of those, seconds the device also had expert work
+    /// queued (measured per layer by polling the device's event while the pool runs).
+    pub pool_seconds: f64,
+    pub overlap_seconds: f64,
+}
+
+impl ExpertStats {
+    pub fn decode_hit_rate(&self) -> f64 {
+        let all = self.decode_hits + self.decode_misses;
+        if all == 0 {
+            1.0
+        } else {
+            self.decode_hits as f64 / all as f64
+        }
+    }
+
+    pub fn cpu_experts_per_token(&self) -> f64 {
+        if self.decode_tokens == 0 {
+            0.0
+        } else {
+            self.decode_misses as f64 / self.decode_tokens as f64
+        }
+    }
+
+    pub fn overlap_fraction(&self) -> f64 {
+        if self.pool_seconds > 0.0 {
+            (self.overlap_seconds / self.pool_seconds).min(1.0)
+        } else {
+            0.0
+        }
+    }
+
+    pub fn bus_bytes(&self) -> u64 {
+        self.bytes_down + self.bytes_up + self.bytes_fill
+    }
+}
+
+impl fmt::Display for ExpertStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        write!(
+            f,
+            "decode expert cache hit rate {:.1}% ({} of {} routed experts), {:.2} experts on CPU per token, PCIe {:.2} MiB (down {:.2}, up {:.2}, slot fills {:.2} in {} fills), CPU pool {:.3} s, overlap {:.0}%",
+            100.0 * self.decode_hit_rate(),
+            self.decode_hits,
+            self.decode_hits + self.decode_misses,
+            self.cpu_experts_per_token(),
+            mib(self.bus_bytes()),
+            mib(self.bytes_down),
+            mib(self.bytes_up),
+            mib(self.bytes_fill),
+            self.slot_fills,
+            self.pool_seconds,
+            100.0 * self.overlap_fraction(),
+        )
+    }
+}

@@ -1,0 +1,261 @@
+//! The expert cache on the CPU backend, with a second CPU device as the CPU pool: the
+//! logits are the same bit for bit for every cache size (0, 1, half, all experts) and with
+//! the cache changing while it runs (profile fill, online learning, adaptation, async
+//! adaptation); no residency change leaves a sanitizer finding; an unordered table upload
+//! is caught; a profile recorded for another model is refused.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use strata_backend_cpu::CpuOptions;
+use strata_core::Device;
+use strata_engine::Context;
+use strata_engine::experts::{
+    ExpertCache, ExpertCacheOptions, ExpertError, ModelId, Profile, SharedExpertCache,
+};
+use strata_gguf::GgufFile;
+use strata_model::synth::{self, SynthArch, SynthSpec};
+use strata_model::{LoadOptions, Model};
+
+/// Three experts per token: with two, a sum in the wrong order would still be exact
+/// (a + b == b + a), and the test could not see it.
+fn spec(arch: SynthArch, quant: &str, seed: u64) -> SynthSpec {
+    let mut s: SynthSpec = serde_json::from_value(serde_json::json!({
+        "vocab": 512, "context_length": 4096, "rms_eps": 1e-6, "tie_embeddings": false,
+        "head_dim": null, "ffn": 256, "experts": 8, "experts_used": 3,
+        "expert_ffn": 128, "shared_ffn": 256, "router_skew": 1.0, "rope_freq_base": 10000.0,
+        "arch": "llama", "layers": 3, "hidden": 256, "heads": 4, "kv_heads": 2, "seed": seed,
+        "quant": quant,
+    }))
+    .unwrap();
+    s.arch = arch;
+    s
+}
+
+fn gguf(arch: SynthArch, quant: &str, seed: u64) -> Arc<GgufFile> {
+    let bytes = synth::synthesize(&spec(arch, quant, seed)).unwrap();
+    Arc::new(GgufFile::from_bytes(bytes).unwrap())
+}
+
+fn cpu(sanitize: bool) -> Device {
+    let mut o = CpuOptions::from_env();
+    o.sanitize |= sanitize;
+    strata_backend_cpu::device(o).unwrap()
+}
+
+fn load(dev: &Device, g: &Arc<GgufFile>, on_device: bool) -> Arc<Model> {
+    let opts = LoadOptions {
+        experts_on_device: on_device,
+    };
+    Arc::new(Model::load_with(dev, dev.main_stream(), g.clone(), opts, |_, _| {}).unwrap())
+}
+
+const PROMPT: [u32; 9] = [1, 7, 42, 99, 3, 250, 17, 8, 400];
+
+/// A prompt in batches of 4, then `steps` decode steps; every step's logits.
+fn run(ctx: &mut Context, steps: usize) -> Vec<Vec<f32>> {
+    let mut out = vec![ctx.eval(&PROMPT).unwrap()];
+    for i in 0..steps {
+        out.push(ctx.eval(&[(i as u32 * 37 + 11) % 512]).unwrap());
+    }
+    out
+}
+
+fn context(model: &Arc<Model>, dev: &Device, cache: Option<SharedExpertCache>) -> Context {
+    let mut ctx = Context::new(model.clone(), dev.clone(), 64, 4).unwrap();
+    ctx.set_expert_cache(cache);
+    ctx
+}
+
+fn cache(model: &Model, dev: &Device, opts: ExpertCacheOptions) -> SharedExpertCache {
+    ExpertCache::for_model(dev, model, cpu(false), opts, None)
+        .unwrap()
+        .shared()
+}
+
+#[test]
+fn logits_are_the_same_for_every_cache_size() {
+    for (arch, quant) in [(SynthArch::Qwen3Moe, "Q4_K"), (SynthArch::Qwen2Moe, "Q8_0")] {
+        let g = gguf(arch, quant, 5);
+        let dev = cpu(false);
+        let reference = run(&mut context(&load(&dev, &g, true), &dev, None), 10);
+        let model = load(&dev, &g, false);
+        let n_routed = 3 * 8;
+        for (slots, learn, adapt) in [
+            (0, false, false),
+            (1, false, false),
+            (n_routed / 2, false, false),
+            (n_routed / 2, true, true),
+            (n_routed, false, false),
+            (n_routed, true, false),
+        ] {
+            let opts = ExpertCacheOptions {
+                slots,
+                learn,
+                adapt,
+                ..Default::default()
+            };
+            let c = cache(&model, &dev, opts);
+            if !learn {
+                // A fixed set: the experts of the first `slots` (layer, expert) pairs.
+                let counts: Vec<u64> = (0..n_routed as u64).map(|i| 100 - i).collect();
+                c.lock().unwrap().fill_from_counts(&counts).unwrap();
+            }
+            let mut ctx = context(&model, &dev, Some(c.clone()));
+            let got = run(&mut ctx, 10);
+            let stats = c.lock().unwrap().stats().clone();
+            eprintln!("{arch:?} {quant} slots {slots} learn {learn} adapt {adapt}: {stats}");
+            for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
+                assert!(r.iter().all(|x| x.is_finite()));
+                assert_eq!(r, g, "{arch:?} {quant}: {slots} slots, step {i} differs");
+            }
+            // Each configuration must exercise what it claims.
+            let (hits, misses) = (
+                stats.decode_hits + stats.prefill_hits,
+                stats.decode_misses + stats.prefill_misses,
+            );
+            match slots {
+                0 => assert_eq!(hits, 0),
+                1 => {}
+                s if s == n_routed => assert!(hits > 0 && stats.slot_fills > 0),
+                _ => assert!(hits > 0 && misses > 0, "{slots} slots: {stats}"),
+            }
+            if slots == n_routed && !learn {
+                assert_eq!(misses, 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn residency_changes_leave_no_sanitizer_finding() {
+    let g = gguf(SynthArch::Qwen3Moe, "Q4_0", 9);
+    let dev = cpu(true);
+    let model = load(&dev, &g, false);
+    for (learn, adapt, adapt_async) in [
+        (true, false, false),
+        (true, true, false),
+        (false, true, true),
+    ] {
+        let opts = ExpertCacheOptions {
+            slots: 6,
+            learn,
+            adapt,
+            adapt_async,
+            copies_per_step: 2,
+        };
+        let c = cache(&model, &dev, opts);
+        if !learn {
+            c.lock().unwrap().fill_from_counts(&[1; 24]).unwrap();
+        }
+        let initial = c.lock().unwrap().stats().slot_fills;
+        let mut ctx = context(&model, &dev, Some(c.clone()));
+        run(&mut ctx, 24);
+        dev.synchronize().unwrap();
+        assert!(dev.take_hazards().is_empty());
+        let cache = c.lock().unwrap();
+        let table = cache.residency();
+        let on_device = dev
+            .download(table.device(), dev.main_stream())
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(
+            on_device,
+            table.host(),
+            "device table differs from the host's"
+        );
+        assert!(
+            cache.stats().slot_fills > initial,
+            "learn {learn} adapt {adapt}: no residency change while running"
+        );
+    }
+}
+
+#[test]
+fn an_unordered_table_upload_is_caught() {
+    let g = gguf(SynthArch::Qwen3Moe, "Q4_0", 9);
+    let dev = cpu(true);
+    let model = load(&dev, &g, false);
+    let opts = ExpertCacheOptions {
+        slots: 12,
+        learn: false,
+        ..Default::default()
+    };
+    let c = cache(&model, &dev, opts);
+    c.lock().unwrap().fill_from_counts(&[1; 24]).unwrap();
+    let mut ctx = context(&model, &dev, Some(c.clone()));
+    ctx.eval(&PROMPT).unwrap();
+    let mut caught = false;
+    for i in 0..8 {
+        {
+            // The founding bug: the same table, written without ordering.
+            let cache = c.lock().unwrap();
+            let table = cache.residency();
+            dev.upload_unordered(table.device(), table.host()).unwrap();
+        }
+        let r = ctx
+            .eval(&[i + 5])
+            .map(|_| ())
+            .and_then(|()| Ok(dev.synchronize()?));
+        if let Err(e) = r {
+            let text = e.to_string();
+            assert!(text.contains("unordered"), "unexpected error: {text}");
+            caught = true;
+            break;
+        }
+    }
+    assert!(
+        caught,
+        "the sanitizer did not report the unordered table upload"
+    );
+}
+
+#[test]
+fn a_profile_of_another_model_is_refused() {
+    let dev = cpu(false);
+    let (ga, gb) = (
+        gguf(SynthArch::Qwen3Moe, "Q4_0", 1),
+        gguf(SynthArch::Qwen3Moe, "Q4_0", 2),
+    );
+    let (ma, mb) = (load(&dev, &ga, false), load(&dev, &gb, false));
+    let dir = std::env::temp_dir().join(format!("strata-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("a.json");
+    let counts: Vec<u64> = (0..24).collect();
+    Profile::new(ModelId::of(&ma, &ga).unwrap(), 12, &counts)
+        .write(&path)
+        .unwrap();
+    let opts = || ExpertCacheOptions {
+        slots: 4,
+        ..Default::default()
+    };
+    // The model it was recorded on takes it, hottest experts first.
+    let c = ExpertCache::for_model(&dev, &ma, cpu(false), opts(), Some(&path)).unwrap();
+    let top: Vec<u32> = (0..4).map(|s| c.residency().owner(s).unwrap().1).collect();
+    assert_eq!(
+        top,
+        vec![7, 6, 5, 4],
+        "layer 2's experts 7..4 are the hottest"
+    );
+    // Another model's profile is refused, naming both.
+    let err = ExpertCache::for_model(&dev, &mb, cpu(false), opts(), Some(&path))
+        .err()
+        .expect("a profile for another model must be refused");
+    assert!(
+        matches!(err, ExpertError::ProfileForAnotherModel { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another model"), "{err}");
+    // And a file that is not a profile at all.
+    std::fs::write(&path, "{\"hello\": 1}").unwrap();
+    let err = ExpertCache::for_model(&dev, &ma, cpu(false), opts(), Some(&path))
+        .err()
+        .expect("not a profile");
+    assert!(
+        err.to_string().contains("not a strata expert profile"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
