@@ -19,4 +19,7 @@ cargo run -q -p strata-cli --features cuda,hip -- devices
 echo "== the official openai Python client against strata serve (started on a free port, stopped by SIGTERM)"
 python3 -c 'import openai, sys; sys.exit(openai.__version__ != "3.51.0")' 2>/dev/null \
   || python3 -m pip install -q "openai==3.51.0"
+# The test profile (opt-level 1, the libraries already built by `cargo test`): the load test
+# streams 16 clients at once, which the unoptimised dev kernels would take minutes over.
+cargo build -q --profile test -p strata-cli
 python3 tests/openai_client.py --serve "${CARGO_TARGET_DIR:-target}/debug/strata" --model "$STRATA_SMOLLM2"

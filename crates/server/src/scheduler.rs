@@ -165,7 +165,8 @@ impl Scheduler {
             .filter(|(_, s)| s.job.is_none())
             .map(|(i, s)| (i, common_prefix(s.ctx.tokens(), &prompt).min(limit)))
             .filter(|&(_, n)| reuse && n > 0)
-            .max_by_key(|&(i, n)| (n, slots[i].last_used));
+            // Among equal matches the stalest, so recent conversations stay resident.
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(slots[i].last_used)));
         let parked = if reuse {
             self.park
                 .best_match(&prompt)

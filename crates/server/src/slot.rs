@@ -143,20 +143,35 @@ impl<'t> Job<'t> {
     /// Sends `text[emitted..end]` with the pending log-probabilities; false when the
     /// client has gone.
     fn send_text(&mut self, end: usize) -> bool {
-        let text = self.text[self.emitted..end].to_string();
-        self.emitted = end;
+        let text = self
+            .text
+            .get(self.emitted..end)
+            .unwrap_or_default()
+            .to_string();
+        self.emitted = self.emitted.max(end);
         let lps = std::mem::take(&mut self.pending_logprobs);
         self.task.events.send(Event::Text(text, lps)).is_ok()
     }
 
     /// Sends what is left and the end of the answer (nothing to a client that left).
     pub fn finish(mut self, stop: StopReason) -> Finished {
-        if !matches!(stop, StopReason::StopString(_) | StopReason::Cancelled) {
-            let rest = self.decoder.finish();
-            self.text.push_str(&rest);
-            if self.text.len() > self.emitted || !self.pending_logprobs.is_empty() {
-                let end = self.text.len();
-                self.send_text(end);
+        match stop {
+            StopReason::Cancelled => {}
+            StopReason::StopString(_) => {
+                // The tokens that made the stop string are generated (and counted in the
+                // usage), so their log-probabilities are reported, with no text.
+                if !self.pending_logprobs.is_empty() {
+                    let end = self.emitted;
+                    self.send_text(end);
+                }
+            }
+            _ => {
+                let rest = self.decoder.finish();
+                self.text.push_str(&rest);
+                if self.text.len() > self.emitted || !self.pending_logprobs.is_empty() {
+                    let end = self.text.len();
+                    self.send_text(end);
+                }
             }
         }
         let finished = Finished {
