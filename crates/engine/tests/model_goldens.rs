@@ -54,17 +54,20 @@ fn smollm2_path() -> Option<PathBuf> {
 }
 
 /// The issue's bound for SmolLM2: top-20 logits within 2e-2 of llama.cpp's, greedy tokens
-/// identical unless llama.cpp's top two are within 1e-3. Not met yet (see the ignored test).
+/// identical unless llama.cpp's top two are within 1e-3.
 const SMOLLM2_STRICT_TOL: f32 = 2e-2;
 const TIE_MARGIN: f32 = 1e-3;
-/// The bound met today. SmolLM2-135M amplifies rounding: llama.cpp's own logits move by up
-/// to 1.04 on these prompts when it switches flash attention on (same file, same tokens;
-/// measured with llama-cpp-python 0.3.36), and strata differs from its non-flash run by less
-/// than that. A wrong rope, mask, norm or quant format moves them by several units.
-const SMOLLM2_TOL: f32 = 1.0;
-/// Greedy tokens that must be identical in every case (no case has a llama.cpp top-2
-/// margin below 0.1 in its first 8 tokens).
-const SMOLLM2_SAME_TOKENS: usize = 8;
+/// The bound met today, far inside the issue's. SmolLM2-135M amplifies rounding: one
+/// activation quant on the other side of its rounding boundary, or one sum in another
+/// order, grows to 0.5-1 in the logits over the 30 layers (llama.cpp's own logits move by
+/// up to 1.04 when it switches flash attention on). So strata does llama.cpp's CPU
+/// arithmetic op for op (x86 Q8_1 quantiser, ggml's summation orders, GCC's FMA
+/// contractions) and its logits are llama.cpp's bit for bit on all 6 prompts (measured:
+/// max error 0 at every one of the 16 positions). The bound leaves room for a last-bit
+/// difference, not for a flipped quant: that shows up at 1e-3 or more.
+const SMOLLM2_TOL: f32 = 1e-4;
+/// Greedy tokens that must be identical in every case: all 64 (measured: no divergence).
+const SMOLLM2_SAME_TOKENS: usize = 64;
 
 /// One prompt's result: its name, the largest top-20 logit error, and the first greedy
 /// divergence with llama.cpp's top-2 margin there.
@@ -101,20 +104,32 @@ fn smollm2_run() -> Option<Vec<CaseResult>> {
             logits = ctx.eval(&[want]).unwrap();
         }
         eprintln!(
-            "smollm2 {name}: max |top-20 logit - llama.cpp| = {worst:.4}, first greedy divergence {divergence:?}"
+            "smollm2 {name}: max |top-20 logit - llama.cpp| = {worst:e}, first greedy divergence {divergence:?}"
         );
         out.push((name, worst, divergence));
     }
     Some(out)
 }
 
+/// The issue's bound, and inside it the bound measured today (one run of the model serves
+/// both).
 #[test]
-fn smollm2_logits_and_greedy_tokens_match_llama_cpp() {
+fn smollm2_matches_llama_cpp_to_the_issue_bound() {
     let Some(cases) = smollm2_run() else {
         eprintln!("SmolLM2 GGUF not found (run ci/fetch-models.sh); skipping");
         return;
     };
     for (name, worst, div) in cases {
+        assert!(
+            worst <= SMOLLM2_STRICT_TOL,
+            "{name}: top-20 logits differ from llama.cpp's by {worst}, beyond the issue's bound"
+        );
+        if let Some((i, margin)) = div {
+            assert!(
+                margin < TIE_MARGIN,
+                "{name}: greedy token {i} differs (llama.cpp margin {margin})"
+            );
+        }
         assert!(
             worst <= SMOLLM2_TOL,
             "{name}: top-20 logits differ from llama.cpp's by {worst}"
@@ -123,24 +138,6 @@ fn smollm2_logits_and_greedy_tokens_match_llama_cpp() {
             assert!(
                 i >= SMOLLM2_SAME_TOKENS,
                 "{name}: greedy token {i} differs from llama.cpp's"
-            );
-        }
-    }
-}
-
-#[test]
-#[ignore = "the issue's 2e-2 bound is not met yet: SmolLM2 differs by up to ~1 (see SMOLLM2_TOL)"]
-fn smollm2_matches_llama_cpp_to_the_issue_bound() {
-    let Some(cases) = smollm2_run() else { return };
-    for (name, worst, div) in cases {
-        assert!(
-            worst <= SMOLLM2_STRICT_TOL,
-            "{name}: top-20 logits differ by {worst}"
-        );
-        if let Some((i, margin)) = div {
-            assert!(
-                margin < TIE_MARGIN,
-                "{name}: greedy token {i} differs (llama.cpp margin {margin})"
             );
         }
     }
@@ -172,7 +169,9 @@ fn synthetic_models_match_llama_cpp_logits() {
             .collect();
         let bytes = synth::synthesize(&spec).unwrap();
         let (dev, model) = load(GgufFile::from_bytes(bytes).unwrap());
-        // Batched prefill and one-token decode must give the same logits.
+        // Batched prefill and one-token decode give the same logits here. Their attention
+        // sums in different orders (as llama.cpp's does), but on these models the last-bit
+        // differences vanish when the next product rounds its input to f16 or Q8.
         let mut ctx = Context::new(model.clone(), dev.clone(), 64, 64).unwrap();
         let got = ctx.eval_all(&tokens).unwrap();
         let mut ctx = Context::new(model, dev, 64, 1).unwrap();
