@@ -147,11 +147,19 @@ fn smollm2_matches_llama_cpp_to_the_issue_bound() {
 /// differs (about 1e-6 relative per product), which grows to a few 1e-3 over the layers.
 const F16_TOL: f32 = 5e-3;
 /// Quantised weights: both engines quantise activations to the same Q8 formats, so most
-/// models match bit for bit; where a one-ulp difference upstream flips one activation quant
-/// to the neighbouring integer, logits move by up to ~0.1 (measured: 0.03-0.08 on 6 of 30).
+/// models match to the last bits; where a one-ulp difference upstream flips one activation
+/// quant to the neighbouring integer, logits move by up to ~0.1. Measured: 4 of 30 above
+/// 1e-3 (llama-Q4_K 0.084, qwen3moe-IQ2_XS 0.046, qwen2moe-Q4_K 0.030, qwen3moe-Q6_K
+/// 0.004). There llama.cpp runs its repacked weight kernels (Q4_K, Q6_K, Q8_0, IQ4_NL in
+/// interleaved rows on AVX2, ggml-cpu/repack.cpp), whose sums strata does not reproduce.
 const QUANT_MAX_TOL: f32 = 0.1;
-/// ...and the median model must still match to this (a systematic error moves them all).
-const QUANT_MEDIAN_TOL: f32 = 1e-4;
+/// ...and the median model must still match to this (a systematic error moves them all;
+/// measured median 7e-7, last-bit differences of sums).
+const QUANT_MEDIAN_TOL: f32 = 1e-5;
+/// Quantised models within [`QUANT_CLOSE_TOL`] of llama.cpp: at least this many of 30
+/// (measured 25).
+const QUANT_CLOSE_MIN: usize = 25;
+const QUANT_CLOSE_TOL: f32 = 1e-5;
 
 #[test]
 fn synthetic_models_match_llama_cpp_logits() {
@@ -188,7 +196,7 @@ fn synthetic_models_match_llama_cpp_logits() {
             .fold(0f32, f32::max);
         let is_f16 = name.ends_with("-F16");
         let tol = if is_f16 { F16_TOL } else { QUANT_MAX_TOL };
-        eprintln!("synth {name}: max |logit - llama.cpp| = {err:.5} (tolerance {tol})");
+        eprintln!("synth {name}: max |logit - llama.cpp| = {err:e} (tolerance {tol})");
         if err.is_nan() || err > tol {
             failures.push(format!("{name}: {err}"));
         }
@@ -202,5 +210,13 @@ fn synthetic_models_match_llama_cpp_logits() {
     assert!(
         median <= QUANT_MEDIAN_TOL,
         "median quantised-model error {median}"
+    );
+    let close = quant_errors
+        .iter()
+        .filter(|&&e| e <= QUANT_CLOSE_TOL)
+        .count();
+    assert!(
+        close >= QUANT_CLOSE_MIN,
+        "{close} quantised models within {QUANT_CLOSE_TOL} of llama.cpp"
     );
 }
