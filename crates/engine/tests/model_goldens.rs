@@ -150,8 +150,9 @@ const F16_TOL: f32 = 5e-3;
 /// models match to the last bits; where a one-ulp difference upstream flips one activation
 /// quant to the neighbouring integer, logits move by up to ~0.1. Measured: 4 of 30 above
 /// 1e-3 (llama-Q4_K 0.084, qwen3moe-IQ2_XS 0.046, qwen2moe-Q4_K 0.030, qwen3moe-Q6_K
-/// 0.004). There llama.cpp runs its repacked weight kernels (Q4_K, Q6_K, Q8_0, IQ4_NL in
-/// interleaved rows on AVX2, ggml-cpu/repack.cpp), whose sums strata does not reproduce.
+/// 0.004); not traced op by op yet. Candidates: llama.cpp's repacked weight kernels
+/// (Q4_K, IQ4_NL, MXFP4 in interleaved rows on AVX2, ggml-cpu/repack.cpp) and K-quant dot
+/// products summed in another order than ggml's x86 ones.
 const QUANT_MAX_TOL: f32 = 0.1;
 /// ...and the median model must still match to this (a systematic error moves them all;
 /// measured median 7e-7, last-bit differences of sums).
