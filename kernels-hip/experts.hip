@@ -1,0 +1,74 @@
+// The expert cache's kernels (crates/core/kernels.txt, module `experts`; the HIP twin of
+// kernels-cuda/experts.cu, in 32-lane groups where CUDA has warps): routed experts
+// whose weights sit in device slots, found through the residency table, and the sum of the
+// device's and the CPU pool's expert outputs. Shapes follow model.hip's mul_mat_experts:
+// one 256-thread block per 16 weight rows of one (token, slot) pair, grid-stride.
+
+#include "common.h"
+#include "quant.h"
+#include "matmul.h"
+
+// e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
+// matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
+extern "C" __global__ void mul_mat_experts_cached(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
+    __shared__ MmShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (!whole_groups() || !mm_shape_ok(type, k)) {
+        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
+        return;
+    }
+    const uint32_t rows = mm_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    const uint64_t units = pairs * groups;
+    uint64_t staged = ~(uint64_t)0;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint64_t p = un / groups;
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        const int32_t e = ids[p];
+        if (e < 0 || (uint32_t)e >= n_expert) {
+            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                y[p * m + r] = nan_f32();
+            continue;
+        }
+        const int32_t s = table[e];
+        if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
+        const uint64_t xrow = x_per_slot ? p : p / n_used;
+        MmUnit u;
+        u.w = slots + (uint64_t)s * slot_bytes + matrix_offset;
+        u.row_bytes = mm_row_bytes(type, k);
+        u.x = x + xrow * k;
+        u.x_stride = k;
+        u.y = y + p * m;
+        u.y_stride = m;
+        u.tn = 1;
+        u.r0 = r0;
+        u.m = m;
+        u.k = k;
+        u.act_key = xrow;
+        mm_unit(sh, type, u, staged);
+    }
+}
+
+// out[t] = Σ_j weights[t][j] · y'[t][j], y' the pool's row host_row[t][j] of y_host when
+// that is >= 0, else y[t][j]; in slot order, the first slot assigned (as moe_combine).
+extern "C" __global__ void moe_combine_split(const float* y, const float* y_host,
+                                             const int32_t* host_row, const float* weights,
+                                             float* out, uint32_t n_tokens, uint32_t n_used,
+                                             uint32_t m) {
+    const uint64_t n = (uint64_t)n_tokens * m;
+    for (uint64_t it = global_thread(); it < n; it += global_threads()) {
+        const uint64_t t = it / m, i = it % m;
+        float o = 0.0f;
+        for (uint32_t j = 0; j < n_used; j++) {
+            const uint64_t p = t * n_used + j;
+            const int32_t r = host_row[p];
+            const float v = r >= 0 ? y_host[(uint64_t)r * m + i] : y[p * m + i];
+            const float prod = __fmul_rn(weights[p], v);
+            o = j == 0 ? prod : __fadd_rn(o, prod);
+        }
+        out[it] = o;
+    }
+}
