@@ -269,3 +269,26 @@ fn an_unknown_target_is_a_compile_error_not_an_abort() {
         other => panic!("expected a compile error, got {other:?}"),
     }
 }
+
+#[test]
+fn products_and_sums_are_not_fused_into_fmas() {
+    // ROCm's __fmul_rn/__fadd_rn are plain operators: with clang's default contraction a
+    // product and a sum compile to the very code object an explicit fmaf does (checked:
+    // byte for byte, ROCm 5.2). The backend compiles with -ffp-contract=off, so the kernels
+    // round every product and sum as the CPU backend does; only fmaf fuses.
+    if !hiprtc_here("products_and_sums_are_not_fused_into_fmas") {
+        return;
+    }
+    let separate = "extern \"C\" __global__ void k(float* f) { f[0] = __fadd_rn(__fmul_rn(f[1], f[2]), f[3]); }";
+    let fused = "extern \"C\" __global__ void k(float* f) { f[0] = fmaf(f[1], f[2], f[3]); }";
+    for (target, _, _) in TARGETS {
+        let a = compile_source("separate", separate, target).unwrap();
+        let b = compile_source("fused", fused, target).unwrap();
+        // Compiling is deterministic, so equal code would mean the two were fused.
+        assert_eq!(b.code, compile_source("fused", fused, target).unwrap().code);
+        assert_ne!(
+            a.code, b.code,
+            "{target}: __fadd_rn(__fmul_rn(..)) became an FMA"
+        );
+    }
+}
