@@ -218,11 +218,41 @@ fn has_avx2() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// The same bodies compiled with FMA, so `mul_add` is one instruction and vectorises.
+/// The same sums with AVX2 + FMA + F16C intrinsics (one 16-lane accumulator is a pair
+/// of 8-lane registers: lanes 0..8 and 8..16), bit for bit the portable bodies above.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{CacheRows, SumOrder, scores_body, weighted_sum_body};
+    use super::{CacheRows, LANES, SumOrder, scores_body, weighted_sum_body};
+    use half::f16;
+    use std::arch::x86_64::*;
 
+    /// 8 f16 at `p` widened.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(p: *const u16) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable u16 at p.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    /// 8 f32 at `p`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the caller guarantees 8 readable f32 at p.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    /// A 16-lane accumulator (lanes 0..8, 8..16) added in `reduce_lanes`' tree.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce(lo: __m256, hi: __m256) -> f32 {
+        let t3 = _mm256_add_ps(hi, lo);
+        let t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+        let t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+        _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)))
+    }
+
+    /// `super::scores` (`q.len() == keys.len`, a multiple of 16 for `Batch`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn scores(
         order: SumOrder,
@@ -231,9 +261,58 @@ mod x86 {
         scale: f32,
         out: &mut [f32],
     ) {
-        scores_body(order, q, keys, scale, out)
+        let hd = q.len();
+        if hd != keys.len || (order == SumOrder::Batch && !hd.is_multiple_of(LANES)) {
+            return scores_body(order, q, keys, scale, out);
+        }
+        let qp = q.as_ptr();
+        for (i, o) in out.iter_mut().enumerate() {
+            let k = keys.row(i);
+            let kp = k.as_ptr();
+            // SAFETY: every load reads within q and k (both hd long): Batch steps by 16
+            // over a multiple of 16, Single by 64 up to the last whole step.
+            let dot = unsafe {
+                match order {
+                    SumOrder::Batch => {
+                        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        for d in (0..hd).step_by(LANES) {
+                            lo = _mm256_fmadd_ps(load(qp.add(d)), load_f16(kp.add(d)), lo);
+                            hi = _mm256_fmadd_ps(load(qp.add(d + 8)), load_f16(kp.add(d + 8)), hi);
+                        }
+                        reduce(lo, hi)
+                    }
+                    SumOrder::Single => {
+                        let whole = hd / 64 * 64;
+                        let mut acc = [_mm256_setzero_ps(); 8];
+                        for s in (0..whole).step_by(64) {
+                            for (h, a) in acc.iter_mut().enumerate() {
+                                let d = s + 8 * h;
+                                *a = _mm256_fmadd_ps(load(qp.add(d)), load_f16(kp.add(d)), *a);
+                            }
+                        }
+                        // GGML_F32x16_REDUCE: (g0 + g2) + (g1 + g3), each half alike.
+                        let lo = _mm256_add_ps(
+                            _mm256_add_ps(acc[0], acc[4]),
+                            _mm256_add_ps(acc[2], acc[6]),
+                        );
+                        let hi = _mm256_add_ps(
+                            _mm256_add_ps(acc[1], acc[5]),
+                            _mm256_add_ps(acc[3], acc[7]),
+                        );
+                        let mut sum = f64::from(reduce(lo, hi));
+                        for (&a, &b) in q[whole..].iter().zip(&k[whole..]) {
+                            sum += f64::from(a * f16::from_bits(b).to_f32());
+                        }
+                        sum as f32
+                    }
+                }
+            };
+            *o = dot * scale;
+        }
     }
 
+    /// `super::weighted_sum`. Slot `k` (lane `k % 16` of accumulator `k / 16`) takes
+    /// terms `k, k + step, ...`; each slot runs in registers over blocks of 32 outputs.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum(
         order: SumOrder,
@@ -242,6 +321,127 @@ mod x86 {
         acc: &mut Vec<f32>,
         out: &mut [f32],
     ) {
-        weighted_sum_body(order, p, values, acc, out)
+        let n = values.len;
+        if !n.is_multiple_of(8) || out.len() != n {
+            return weighted_sum_body(order, p, values, acc, out);
+        }
+        let step = order.groups() * LANES;
+        acc.clear();
+        acc.resize(step * n, 0.0);
+        for d0 in (0..n).step_by(32) {
+            let width = (n - d0).min(32) / 8;
+            for k in 0..step.min(p.len()) {
+                let mut r = [_mm256_setzero_ps(); 4];
+                for j in (k..p.len()).step_by(step) {
+                    let w = _mm256_set1_ps(p[j]);
+                    let v = values.row(j)[d0..].as_ptr();
+                    for (c, rc) in r[..width].iter_mut().enumerate() {
+                        // SAFETY: d0 + 8c + 8 <= n, the row's length.
+                        *rc = unsafe { _mm256_fmadd_ps(w, load_f16(v.add(8 * c)), *rc) };
+                    }
+                }
+                let a = acc[k * n + d0..].as_mut_ptr();
+                for (c, rc) in r[..width].iter().enumerate() {
+                    // SAFETY: k * n + d0 + 8c + 8 <= step * n, acc's length.
+                    unsafe { _mm256_storeu_ps(a.add(8 * c), *rc) };
+                }
+            }
+        }
+        let a = acc.as_ptr();
+        // SAFETY: slot k's outputs d..d + 8 lie inside acc (k < step, d + 8 <= n).
+        let lane = |k: usize, d: usize| unsafe { load(a.add(k * n + d)) };
+        for d in (0..n).step_by(8) {
+            let x: [__m256; LANES] = match order {
+                SumOrder::Batch => std::array::from_fn(|l| lane(l, d)),
+                SumOrder::Single => std::array::from_fn(|l| {
+                    let x0 = _mm256_add_ps(lane(l, d), lane(2 * LANES + l, d));
+                    let x1 = _mm256_add_ps(lane(LANES + l, d), lane(3 * LANES + l, d));
+                    _mm256_add_ps(x0, x1)
+                }),
+            };
+            let t3: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(x[i + 8], x[i]));
+            let t6: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t3[i + 4], t3[i]));
+            let sum = _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]));
+            // SAFETY: d + 8 <= n == out.len().
+            unsafe { _mm256_storeu_ps(out[d..].as_mut_ptr(), sum) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values with a wide spread of magnitudes (so sums round).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let m = (x % 20_001) as f32 / 10_000.0 - 1.0;
+                m * [1.0, 3.7, 0.01, 250.0][(x >> 20) as usize % 4]
+            })
+            .collect()
+    }
+
+    /// The intrinsics and the portable bodies give the same bits, for both orders, head
+    /// sizes with and without a tail, and spans that are not whole vectors.
+    #[test]
+    fn vector_and_portable_sums_agree_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            for (hd, rows) in [(64usize, 37usize), (128, 100), (80, 5), (32, 16), (16, 3)] {
+                let cache: Vec<u16> = values(rows * hd * 2, hd as u32)
+                    .iter()
+                    .map(|&v| f16::from_f32(v).to_bits())
+                    .collect();
+                let kv = CacheRows {
+                    data: &cache,
+                    stride: hd * 2,
+                    offset: hd,
+                    len: hd,
+                };
+                let q = values(hd, 7);
+                let p: Vec<f32> = values(rows, 9).iter().map(|v| v.abs()).collect();
+                for order in [SumOrder::Batch, SumOrder::Single] {
+                    if order == SumOrder::Batch && !hd.is_multiple_of(LANES) {
+                        continue;
+                    }
+                    let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+                    // SAFETY: AVX2, FMA and F16C checked above.
+                    unsafe { x86::scores(order, &q, kv, 0.125, &mut a) };
+                    scores_body(order, &q, kv, 0.125, &mut b);
+                    assert_eq!(a, b, "scores {order:?} hd {hd}");
+                    let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
+                    let mut acc = Vec::new();
+                    // SAFETY: as above.
+                    unsafe { x86::weighted_sum(order, &p, kv, &mut acc, &mut a) };
+                    weighted_sum_body(order, &p, kv, &mut acc, &mut b);
+                    assert_eq!(a, b, "weighted sum {order:?} hd {hd}");
+                }
+            }
+        }
+    }
+
+    /// The two orders are different sums (so the choice matters), and both are sums.
+    #[test]
+    fn orders_differ_in_rounding_only() {
+        let mut differ = 0;
+        for seed in 0..20 {
+            let (a, b) = (values(256, 2 * seed + 1), values(256, 2 * seed + 2));
+            let prods = || a.iter().zip(&b).map(|(x, y)| f64::from(*x) * f64::from(*y));
+            let (exact, abs) = (prods().sum::<f64>(), prods().map(f64::abs).sum::<f64>());
+            let (s1, s2) = (dot(SumOrder::Batch, &a, &b), dot(SumOrder::Single, &a, &b));
+            differ += usize::from(s1 != s2);
+            for s in [s1, s2] {
+                assert!((f64::from(s) - exact).abs() <= 1e-6 * abs, "{s} vs {exact}");
+            }
+        }
+        assert!(
+            differ >= 5,
+            "only {differ} of 20 sums differ between the orders"
+        );
     }
 }
