@@ -53,7 +53,7 @@ pub(crate) struct Shared {
     rng: Mutex<DelayRng>,
     total_memory: usize,
     /// Kernel threads (`CpuOptions::threads`); `None` when that is 1.
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<kernels::KernelPool>,
 }
 
 /// The CPU backend. Create a [`strata_core::Device`] over it with [`crate::device`].

@@ -5,7 +5,7 @@ mod conformance;
 mod experts;
 mod model;
 
-pub use model::thread_pool;
+pub use model::{KernelPool, thread_pool};
 
 use std::cell::Cell;
 
@@ -32,7 +32,7 @@ pub struct KernelArgs<'a> {
     /// Bit i set once argument i has been handed out mutably (a second time would alias).
     taken_mut: Cell<u64>,
     /// The device's kernel threads; `None` runs everything on the calling stream thread.
-    pub pool: Option<&'a rayon::ThreadPool>,
+    pub pool: Option<&'a KernelPool>,
 }
 
 impl<'a> KernelArgs<'a> {
@@ -46,7 +46,7 @@ impl<'a> KernelArgs<'a> {
     }
 
     /// The same arguments, with heavy kernels split over `pool`.
-    pub fn with_pool(mut self, pool: Option<&'a rayon::ThreadPool>) -> Self {
+    pub fn with_pool(mut self, pool: Option<&'a KernelPool>) -> Self {
         self.pool = pool;
         self
     }

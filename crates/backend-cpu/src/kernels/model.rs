@@ -19,8 +19,10 @@ mod matmul;
 mod moe;
 mod norm;
 mod par;
+mod pool;
 mod rope;
 mod simd;
+mod tiles;
 
 pub use attention::{attention, kv_store};
 pub use elementwise::{add, add_rows, sigmoid_gate_add, swiglu};
@@ -28,5 +30,5 @@ pub use embed::embed_rows;
 pub use matmul::{mul_mat, mul_mat_experts};
 pub use moe::{moe_combine, router_topk};
 pub use norm::rms_norm;
-pub use par::thread_pool;
+pub use pool::{KernelPool, thread_pool};
 pub use rope::rope;

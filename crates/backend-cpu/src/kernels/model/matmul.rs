@@ -11,6 +11,7 @@ use std::cell::RefCell;
 
 use super::check::{Format, elems, fits, format, prefix, prefix_mut};
 use super::par::{self, DisjointOut};
+use super::tiles::{COLS, ROWS, Tiles, tiles};
 use crate::kernels::KernelArgs;
 
 /// Weight rows kept in L1 while a block of activation rows passes (for k = 4096 in
@@ -77,24 +78,94 @@ struct Gemm<'a> {
     m: usize,
     acts: &'a [u8],
     y: DisjointOut<'a, f32>,
+    /// The format's tile kernels, when this CPU has them.
+    tiles: Option<&'static Tiles>,
 }
 
 impl Gemm<'_> {
+    fn act(&self, row: usize) -> &[u8] {
+        let ab = self.f.act_row_bytes;
+        &self.acts[row * ab..(row + 1) * ab]
+    }
+
+    /// Writes output `(out_row, r)`.
+    fn put(&self, out_row: usize, r: usize, v: f32) {
+        // SAFETY: every (output row, weight row) pair belongs to exactly one task: output
+        // rows are distinct across a launch's columns, and the tasks of a product cover
+        // disjoint weight-row ranges.
+        unsafe { self.y.write(out_row * self.m + r, v) };
+    }
+
     /// Output rows `r0..r1` of `p`, for all of its columns.
     fn rows(&self, p: &Product<'_>, r0: usize, r1: usize) {
-        let (rb, ab) = (self.f.row_bytes, self.f.act_row_bytes);
+        let rb = self.f.row_bytes;
         let dot = self.f.kernels.vec_dot;
-        for b0 in (r0..r1).step_by(ROW_BLOCK) {
-            let b1 = (b0 + ROW_BLOCK).min(r1);
-            for cols in p.cols.chunks(COL_BLOCK) {
-                for r in b0..b1 {
-                    let row = &p.w[r * rb..(r + 1) * rb];
-                    for &(ai, oi) in cols {
-                        let act = &self.acts[ai * ab..(ai + 1) * ab];
-                        // SAFETY: every (output row, weight row) pair belongs to exactly one
-                        // task: output rows are distinct across a launch's columns, and the
-                        // tasks of a product cover disjoint weight-row ranges.
-                        unsafe { self.y.write(oi * self.m + r, dot(self.k, row, act)) };
+        let k = self.k;
+        let w = |r: usize| &p.w[r * rb..(r + 1) * rb];
+        match (self.tiles, p.cols) {
+            // One activation row (decode): ROWS weight rows against it at once.
+            (
+                Some(&Tiles {
+                    rows4: Some(rows4), ..
+                }),
+                &[(ai, oi)],
+            ) => {
+                let act = self.act(ai);
+                let mut r = r0;
+                let mut out = [0f32; ROWS];
+                while r + ROWS <= r1 {
+                    rows4(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
+                    for (j, &v) in out.iter().enumerate() {
+                        self.put(oi, r + j, v);
+                    }
+                    r += ROWS;
+                }
+                for r in r..r1 {
+                    self.put(oi, r, dot(k, w(r), act));
+                }
+            }
+            // A batch: each weight row against COLS activation rows at once, a block of
+            // weight rows staying in L1 while a block of activation rows streams past.
+            (Some(t), cols) if cols.len() > 1 => {
+                let (mut out8, mut out4) = ([0f32; COLS], [0f32; 4]);
+                for b0 in (r0..r1).step_by(ROW_BLOCK) {
+                    let b1 = (b0 + ROW_BLOCK).min(r1);
+                    for chunk in cols.chunks(COL_BLOCK) {
+                        for r in b0..b1 {
+                            let row = w(r);
+                            let mut eights = chunk.chunks_exact(COLS);
+                            for c8 in &mut eights {
+                                let acts = std::array::from_fn(|c| self.act(c8[c].0));
+                                (t.cols8)(k, row, &acts, &mut out8);
+                                for (&(_, oi), &v) in c8.iter().zip(&out8) {
+                                    self.put(oi, r, v);
+                                }
+                            }
+                            let mut fours = eights.remainder().chunks_exact(4);
+                            for c4 in &mut fours {
+                                let acts = std::array::from_fn(|c| self.act(c4[c].0));
+                                (t.cols4)(k, row, &acts, &mut out4);
+                                for (&(_, oi), &v) in c4.iter().zip(&out4) {
+                                    self.put(oi, r, v);
+                                }
+                            }
+                            for &(ai, oi) in fours.remainder() {
+                                self.put(oi, r, dot(k, row, self.act(ai)));
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {
+                for b0 in (r0..r1).step_by(ROW_BLOCK) {
+                    let b1 = (b0 + ROW_BLOCK).min(r1);
+                    for cols in p.cols.chunks(COL_BLOCK) {
+                        for r in b0..b1 {
+                            let row = w(r);
+                            for &(ai, oi) in cols {
+                                self.put(oi, r, dot(k, row, self.act(ai)));
+                            }
+                        }
                     }
                 }
             }
@@ -102,7 +173,7 @@ impl Gemm<'_> {
     }
 
     /// Runs every product, split over the pool by ranges of weight rows.
-    fn run(&self, pool: Option<&rayon::ThreadPool>, products: &[Product<'_>]) {
+    fn run(&self, pool: Option<&par::KernelPool>, products: &[Product<'_>]) {
         let total: usize = products
             .iter()
             .map(|p| self.m * self.k * p.cols.len())
@@ -112,7 +183,7 @@ impl Gemm<'_> {
         for (i, p) in products.iter().enumerate() {
             let row_work = (self.k * p.cols.len()).max(1);
             let mut rows = (per_task / row_work).clamp(1, self.m.max(1));
-            if p.cols.len() > 1 && rows > ROW_BLOCK {
+            if rows > ROW_BLOCK {
                 rows = rows.next_multiple_of(ROW_BLOCK);
             }
             tasks.extend(
@@ -159,6 +230,7 @@ pub fn mul_mat(a: &KernelArgs<'_>) -> Result<(), String> {
             m,
             acts,
             y: DisjointOut::new(y),
+            tiles: tiles(f.ty),
         };
         gemm.run(a.pool, &[Product { w, cols: &cols }]);
     })
@@ -238,6 +310,7 @@ pub fn mul_mat_experts(a: &KernelArgs<'_>) -> Result<(), String> {
             m,
             acts,
             y: DisjointOut::new(y),
+            tiles: tiles(f.ty),
         };
         gemm.run(a.pool, &products);
     })

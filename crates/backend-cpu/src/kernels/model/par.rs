@@ -1,77 +1,37 @@
-//! How the model ops split work over the device's persistent thread pool. A launch is
-//! split only when it has enough work to repay waking the pool (a few microseconds);
-//! small ops (decode-time norms, adds) run on the stream thread itself.
+//! How the model ops split work over the device's kernel threads. A launch is split
+//! only when it has enough work to repay handing it out (about a microsecond with the
+//! spinning pool below); small ops (decode-time norms, adds) run on the stream thread.
 //!
 //! The stream thread works too: a pool for N threads has N - 1 workers, and the caller
-//! and the workers take task indices from one shared counter, so a launch never waits
+//! and the workers claim task indices from one shared counter, so a launch never waits
 //! for a sleeping worker before making progress (on a loaded machine the caller may end
 //! up doing most of the work itself, which is then no slower than one thread).
+//!
+//! Splitting never changes a result: every task computes whole output elements in the
+//! order one thread would.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rayon::ThreadPool;
+pub use super::pool::KernelPool;
 
 /// Work units (about one multiply-add each) below which a launch stays on one thread.
-/// Waking the pool costs tens of microseconds on a loaded 2-core machine, so SmolLM2's
-/// decode (576-wide matrices) ran 15% faster with this at 256 Ki-1 Mi than at 32 Ki
-/// (`strata bench -p 128 -n 64`, 66 -> 78 tokens/s).
-const MIN_PARALLEL_WORK: usize = 512 * 1024;
+/// Handing a launch to spinning workers costs about a microsecond (tens of thousands of
+/// multiply-adds), so only tiny ops stay on the stream thread.
+const MIN_PARALLEL_WORK: usize = 32 * 1024;
 /// Work units below which a task is not split further.
-const MIN_TASK_WORK: usize = 128 * 1024;
+const MIN_TASK_WORK: usize = 16 * 1024;
 /// Tasks per thread, so that uneven tasks (experts, causal spans) still balance.
 const TASKS_PER_THREAD: usize = 4;
 
-/// Physical cores this process may use: distinct (package, core) pairs of
-/// /proc/cpuinfo, at most the CPUs it may run on; those CPUs where that is unknown.
-/// Matrix-vector work is bound by memory and FMA units, which SMT siblings share.
-pub fn default_threads() -> usize {
-    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let physical = std::fs::read_to_string("/proc/cpuinfo").ok().map(|info| {
-        let mut cores = std::collections::BTreeSet::new();
-        let mut package = "";
-        for line in info.lines() {
-            let mut kv = line.splitn(2, ':').map(str::trim);
-            match (kv.next(), kv.next()) {
-                (Some("physical id"), Some(v)) => package = v,
-                (Some("core id"), Some(v)) => {
-                    cores.insert((package.to_string(), v.to_string()));
-                }
-                _ => {}
-            }
-        }
-        cores.len()
-    });
-    match physical {
-        Some(p) if p > 0 => p.min(logical),
-        _ => logical,
-    }
-}
-
-/// The kernel pool for `threads` threads (`None`: [`default_threads`]), counting the
-/// stream thread that launches: `threads - 1` workers; no pool for one thread.
-pub fn thread_pool(threads: Option<usize>) -> Result<Option<ThreadPool>, String> {
-    let n = threads.unwrap_or_else(default_threads).max(1);
-    if n == 1 {
-        return Ok(None);
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(n - 1)
-        .thread_name(|i| format!("strata-cpu-kernel-{i}"))
-        .build()
-        .map(Some)
-        .map_err(|e| format!("cannot start {n} kernel threads: {e}"))
-}
-
 /// Threads a launch may use: the pool's workers and the calling thread.
-pub fn threads(pool: Option<&ThreadPool>) -> usize {
-    pool.map_or(1, |p| p.current_num_threads() + 1)
+pub fn threads(pool: Option<&KernelPool>) -> usize {
+    pool.map_or(1, KernelPool::threads)
 }
 
 /// Work of one task when `total` units are split over the pool: `usize::MAX` (one task)
 /// when the whole is too small to repay the split, otherwise enough tasks to balance the
 /// pool, none tiny.
-pub fn task_work(pool: Option<&ThreadPool>, total: usize) -> usize {
+pub fn task_work(pool: Option<&KernelPool>, total: usize) -> usize {
     let threads = threads(pool);
     if threads == 1 || total < MIN_PARALLEL_WORK {
         return usize::MAX;
@@ -80,38 +40,16 @@ pub fn task_work(pool: Option<&ThreadPool>, total: usize) -> usize {
 }
 
 /// Items per task for `n` items of `work` units each (see [`task_work`]).
-pub fn items_per_task(pool: Option<&ThreadPool>, n: usize, work: usize) -> usize {
+pub fn items_per_task(pool: Option<&KernelPool>, n: usize, work: usize) -> usize {
     let work = work.max(1);
     let per_task = task_work(pool, n.saturating_mul(work));
     (per_task / work).clamp(1, n.max(1))
 }
 
-/// Runs `work(i)` for every `i < n` on the calling thread and the pool's workers, which
-/// take indices from a shared counter until none are left.
-fn run_shared(pool: &ThreadPool, n: usize, work: &(dyn Fn(usize) + Sync)) {
-    let next = AtomicUsize::new(0);
-    let drain = || {
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
-            }
-            work(i);
-        }
-    };
-    let helpers = pool.current_num_threads().min(n.saturating_sub(1));
-    pool.in_place_scope(|s| {
-        for _ in 0..helpers {
-            s.spawn(|_| drain());
-        }
-        drain();
-    });
-}
-
 /// Runs `f(i)` for every `i < n`: shared with the pool when there is one and `n > 1`.
-pub fn for_each(pool: Option<&ThreadPool>, n: usize, f: impl Fn(usize) + Send + Sync) {
+pub fn for_each(pool: Option<&KernelPool>, n: usize, f: impl Fn(usize) + Send + Sync) {
     match pool {
-        Some(p) if n > 1 => run_shared(p, n, &f),
+        Some(p) if n > 1 => p.run(n, &f),
         _ => (0..n).for_each(f),
     }
 }
@@ -157,7 +95,7 @@ impl<'a, T> Chunks<'a, T> {
 
 /// Runs `f(i, chunk)` over the `chunk`-element pieces of `data` (the last may be shorter).
 pub fn for_each_chunk<T: Send>(
-    pool: Option<&ThreadPool>,
+    pool: Option<&KernelPool>,
     data: &mut [T],
     chunk: usize,
     f: impl Fn(usize, &mut [T]) + Send + Sync,
@@ -166,8 +104,8 @@ pub fn for_each_chunk<T: Send>(
     match pool {
         Some(p) if data.len() > chunk => {
             let pieces = Chunks::new(data, chunk);
-            // SAFETY: run_shared hands out each index once.
-            run_shared(p, pieces.count(), &|i| f(i, unsafe { pieces.get(i) }));
+            // SAFETY: the pool hands out each index once.
+            p.run(pieces.count(), &|i| f(i, unsafe { pieces.get(i) }));
         }
         _ => data
             .chunks_mut(chunk)
@@ -178,7 +116,7 @@ pub fn for_each_chunk<T: Send>(
 
 /// [`for_each_chunk`] for a fallible `f`; the first error is returned.
 pub fn try_for_each_chunk<T: Send>(
-    pool: Option<&ThreadPool>,
+    pool: Option<&KernelPool>,
     data: &mut [T],
     chunk: usize,
     f: impl Fn(usize, &mut [T]) -> Result<(), String> + Send + Sync,
@@ -188,8 +126,8 @@ pub fn try_for_each_chunk<T: Send>(
         Some(p) if data.len() > chunk => {
             let pieces = Chunks::new(data, chunk);
             let first_error = Mutex::new(None);
-            run_shared(p, pieces.count(), &|i| {
-                // SAFETY: run_shared hands out each index once.
+            p.run(pieces.count(), &|i| {
+                // SAFETY: the pool hands out each index once.
                 if let Err(e) = f(i, unsafe { pieces.get(i) }) {
                     first_error
                         .lock()
