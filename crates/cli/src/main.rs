@@ -36,6 +36,8 @@ enum Command {
     Serve(commands::serve::Args),
     /// Write a random-weight GGUF model of a given architecture, shape and format.
     Synth(commands::synth::Args),
+    /// Routing counts per (layer, expert) over a file of prompts, for --profile.
+    Profile(commands::profile::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,6 +59,7 @@ fn main() -> std::process::ExitCode {
         Command::Template(args) => commands::template::run(args),
         Command::Synth(args) => commands::synth::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Profile(args) => commands::profile::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -32,6 +32,8 @@ pub struct SharedExpert {
     pub gate_inp: Matrix,
 }
 
+// One per layer, built once and never moved around: boxing the larger variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn {
     Dense {
         gate: Matrix,

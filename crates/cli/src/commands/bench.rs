@@ -6,6 +6,7 @@ use std::time::Instant;
 use strata_engine::Context;
 
 use super::common::{self, ModelArgs};
+use super::experts;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -121,6 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_args.batch,
         )?;
         ctx.set_graphs(!args.no_graphs);
+        experts::attach(&mut ctx, &loaded.experts);
         Ok(ctx)
     };
     // Warm-up (as llama-bench does): kernel compilation and the decode graph's capture
@@ -135,6 +137,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut decode_profile = Vec::new();
     for rep in 0..reps {
         let mut ctx = new_context()?;
+        // The warm-up's (or the last repetition's) expert statistics are not this one's.
+        let _ = ctx.take_expert_stats();
         if args.n_prompt > 0 {
             let prompt: Vec<u32> = (0..args.n_prompt)
                 .map(|_| (rng.next_u64() % vocab as u64) as u32)
@@ -154,6 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tg_s += t.elapsed().as_secs_f64();
             decode_profile = loaded.dev.kernel_times()?;
         }
+        experts::report(&ctx);
         tracing::info!("bench repetition {}/{reps} done", rep + 1);
     }
     let pp = if pp_s > 0.0 {

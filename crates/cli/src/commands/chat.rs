@@ -7,6 +7,7 @@ use std::io::{BufRead, Write};
 use strata_engine::{Context, GenerateParams, generate};
 
 use super::common::{self, ModelArgs, SamplingArgs};
+use super::experts;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -30,6 +31,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.n_ctx,
         args.model.batch,
     )?;
+    experts::attach(&mut ctx, &loaded.experts);
     let mut turns: Vec<(String, String)> = Vec::new();
     if let Some(s) = &args.system {
         turns.push(("system".into(), s.clone()));
@@ -73,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             |t| stdout.write_all(t.as_bytes()).is_ok() && stdout.flush().is_ok(),
         );
         let _ = writeln!(stdout);
+        experts::report(&ctx);
         match g {
             Ok(g) => {
                 tracing::debug!("turn: reused {reuse} tokens, read {}", tokens.len() - reuse);

@@ -27,6 +27,8 @@ pub struct ModelArgs {
     /// Most tokens fed per forward pass.
     #[arg(long = "batch", short = 'b', default_value_t = 512)]
     pub batch: u32,
+    #[command(flatten)]
+    pub experts: super::experts::ExpertArgs,
 }
 
 pub struct Loaded {
@@ -34,6 +36,9 @@ pub struct Loaded {
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
     pub n_ctx: u32,
+    /// The expert cache, when the routed experts are not all on the device; every
+    /// context of the model runs them through it (`experts::attach`).
+    pub experts: Option<strata_engine::experts::SharedExpertCache>,
 }
 
 fn cpu_device() -> anyhow::Result<Device> {
@@ -117,12 +122,21 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     );
     bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     let stream = dev.main_stream();
-    let model = Model::load(&dev, stream, gguf, |done, total| {
+    let hp = strata_model::arch::hparams(&gguf)?;
+    let n_ctx = args.ctx.unwrap_or(hp.n_ctx_train.min(4096)).max(1);
+    let placement = args.experts.placement(&gguf, &dev, n_ctx)?;
+    let opts = strata_model::LoadOptions {
+        experts_on_device: placement == super::experts::Placement::Device,
+    };
+    let model = Model::load_with(&dev, stream, gguf, opts, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;
     bar.finish_and_clear();
-    let n_ctx = args.ctx.unwrap_or(model.hp.n_ctx_train.min(4096)).max(1);
+    let experts = match placement {
+        super::experts::Placement::Device => None,
+        super::experts::Placement::Cache(n) => Some(args.experts.cache(&dev, &model, n)?),
+    };
     tracing::info!(
         "{}: {} layers, {} embedding, {} vocab on {} ({})",
         model.hp.arch,
@@ -137,6 +151,7 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         model: Arc::new(model),
         tokenizer,
         n_ctx,
+        experts,
     })
 }
 

@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use strata_engine::{Context, GenerateParams, generate};
 
 use super::common::{self, ModelArgs, SamplingArgs};
+use super::experts;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,6 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.n_ctx,
         args.model.batch,
     )?;
+    experts::attach(&mut ctx, &loaded.experts);
     let params = GenerateParams {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),
@@ -86,5 +88,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         g.decode_tokens_per_s(),
         g.stop
     );
+    experts::report(&ctx);
     Ok(())
 }

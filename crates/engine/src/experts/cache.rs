@@ -5,7 +5,7 @@
 //! uploads the pool's outputs and sums both on the device in fixed slot order.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use strata_core::{Device, DeviceBuffer, Stream};
 use strata_gguf::GgufFile;
@@ -203,7 +203,7 @@ impl ExpertCache {
     pub fn between_steps(&mut self) -> Result<(), ExpertError> {
         let ne = self.layout.n_expert as usize;
         let mut copies = 0;
-        if self.opts.learn {
+        if self.opts.learn && self.table.free_slot().is_some() {
             let table = &self.table;
             let want = by_heat(&self.counts, ne, |l, e| {
                 table.slot_of(l, e).is_none() && self.counts[l * ne + e as usize] > 0
@@ -399,7 +399,9 @@ impl ExpertCache {
                 if pending.is_ready()? {
                     break;
                 }
-                std::thread::sleep(Duration::from_micros(20));
+                // Not a sleep: its wake-up latency (tens of microseconds) would be paid
+                // at every layer once the pool is done.
+                std::thread::yield_now();
             }
         }
         let y = pending.wait()?;

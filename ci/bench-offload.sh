@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# strata's expert cache + CPU pool against llama.cpp's --n-cpu-moe on one NVIDIA GPU (issue 7):
+# the synthetic Qwen3-30B-A3B-shaped Q4_K file (48 layers x 128 experts, 8 active) with
+# Zipf-skewed routing (`strata synth --router-skew $SKEW`, default 1.0), at cache sizes of
+# 25% and 50% of the 6,144 experts and 0 (all on the CPU pool), against llama.cpp with
+# --n-cpu-moe 36 / 24 / 48 (the layers whose experts stay on the CPU). The strata cache is
+# filled from a profile recorded with `strata profile` on random prompts.
+#
+#   STRATA=target/release/strata LLAMA_BIN=/path/to/llama.cpp/build/bin ci/bench-offload.sh
+#
+# Env: MODEL_DIR (default /tmp/strata-bench), OUT (default $MODEL_DIR/out-offload), REPS
+# (default 3), THREADS (CPU threads for both engines, default: physical cores), SKEW.
+set -euo pipefail
+STRATA=${STRATA:-target/release/strata}
+LLAMA_BIN=${LLAMA_BIN:?set LLAMA_BIN to llama.cpp CUDA build/bin}
+MODEL_DIR=${MODEL_DIR:-/tmp/strata-bench}
+OUT=${OUT:-$MODEL_DIR/out-offload}
+REPS=${REPS:-3}
+SKEW=${SKEW:-1.0}
+THREADS=${THREADS:-$(lscpu -p=core | grep -v '^#' | sort -u | wc -l)}
+mkdir -p "$MODEL_DIR" "$OUT"
+f="$MODEL_DIR/qwen3-30b-a3b-shape-Q4_K-skew$SKEW.gguf"
+if [ ! -f "$f" ]; then
+  echo "== synthesising $f" >&2
+  "$STRATA" synth --arch qwen3moe --layers 48 --hidden 2048 --heads 32 --kv-heads 4 \
+    --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 \
+    --quant Q4_K --router-skew "$SKEW" --seed 1 -o "$f" >&2
+fi
+prompts="$OUT/prompts.txt"
+python3 -c "
+import random
+random.seed(7)
+words = 'the of and to in is was for on that with as by at from his her it an are were which this'.split()
+for _ in range(16):
+    print(' '.join(random.choice(words) for _ in range(200)))
+" > "$prompts"
+echo "== strata profile" >&2
+"$STRATA" profile -m "$f" --backend cuda --raw --prompts "$prompts" -n 32 \
+  --cpu-threads "$THREADS" -o "$OUT/profile.json" >&2
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+for cfg in "1536 36" "3072 24" "0 48"; do
+  set -- $cfg
+  slots=$1 ncpu=$2
+  echo "== strata --expert-cache $slots" >&2
+  "$STRATA" bench -m "$f" --backend cuda --expert-cache "$slots" --profile "$OUT/profile.json" \
+    --cpu-threads "$THREADS" -p 512 -n 64 -r "$REPS" --json \
+    > "$OUT/strata-$slots.json" 2> "$OUT/strata-$slots.log"
+  grep "expert cache hit rate" "$OUT/strata-$slots.log" | tail -1 >&2 || true
+  echo "== llama.cpp --n-cpu-moe $ncpu" >&2
+  "$LLAMA_BIN/llama-bench" -m "$f" -ngl 99 -fa 1 --n-cpu-moe "$ncpu" -t "$THREADS" \
+    -p 512 -n 64 -r "$REPS" -o json > "$OUT/llama-$ncpu.json"
+done
+python3 - "$OUT" <<'PY'
+import json, re, sys
+out = sys.argv[1]
+print("| strata cache | llama.cpp --n-cpu-moe | test | llama.cpp tok/s | strata tok/s | ratio | decode hit rate |")
+print("|---:|---:|---|---:|---:|---:|---|")
+for slots, ncpu in [(1536, 36), (3072, 24), (0, 48)]:
+    s = json.load(open(f"{out}/strata-{slots}.json"))
+    l = json.load(open(f"{out}/llama-{ncpu}.json"))
+    log = open(f"{out}/strata-{slots}.log").read()
+    m = re.findall(r"hit rate ([0-9.]+%)", log)
+    hit = m[-1] if m else "?"
+    def lc(p, n):
+        return next((r["avg_ts"] for r in l if r["n_prompt"] == p and r["n_gen"] == n), float("nan"))
+    for test, ours, theirs in [("pp512", s["prefill_tokens_per_s"], lc(512, 0)),
+                               ("tg64", s["decode_tokens_per_s"], lc(0, 64))]:
+        print(f"| {slots} | {ncpu} | {test} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | {hit} |")
+PY
