@@ -82,18 +82,22 @@ fn logits_are_the_same_for_every_cache_size() {
         let reference = run(&mut context(&load(&dev, &g, true), &dev, None), 10);
         let model = load(&dev, &g, false);
         let n_routed = 3 * 8;
-        for (slots, learn, adapt) in [
-            (0, false, false),
-            (1, false, false),
-            (n_routed / 2, false, false),
-            (n_routed / 2, true, true),
-            (n_routed, false, false),
-            (n_routed, true, false),
+        // (slots, online learning, adaptation, lend batches of more than this many tokens)
+        for (slots, learn, adapt, lend) in [
+            (0, false, false, 0),
+            (1, false, false, 0),
+            (n_routed / 2, false, false, 0),
+            (n_routed / 2, true, true, 0),
+            (n_routed, false, false, 0),
+            (n_routed, true, false, 0),
+            (0, false, false, 2),
+            (n_routed / 2, false, false, 2),
         ] {
             let opts = ExpertCacheOptions {
                 slots,
                 learn,
                 adapt,
+                lend_min_tokens: lend,
                 ..Default::default()
             };
             let c = cache(&model, &dev, opts);
@@ -105,7 +109,15 @@ fn logits_are_the_same_for_every_cache_size() {
             let mut ctx = context(&model, &dev, Some(c.clone()));
             let got = run(&mut ctx, 10);
             let stats = c.lock().unwrap().stats().clone();
-            eprintln!("{arch:?} {quant} slots {slots} learn {learn} adapt {adapt}: {stats}");
+            eprintln!(
+                "{arch:?} {quant} slots {slots} learn {learn} adapt {adapt} lend {lend}: {stats}"
+            );
+            // Prompt batches of 4 tokens are lent when the threshold is below 4.
+            assert_eq!(
+                stats.lent_layers > 0,
+                lend > 0 && slots < n_routed,
+                "{stats}"
+            );
             for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
                 assert!(r.iter().all(|x| x.is_finite()));
                 assert_eq!(r, g, "{arch:?} {quant}: {slots} slots, step {i} differs");
@@ -133,10 +145,10 @@ fn residency_changes_leave_no_sanitizer_finding() {
     let g = gguf(SynthArch::Qwen3Moe, "Q4_0", 9);
     let dev = cpu(true);
     let model = load(&dev, &g, false);
-    for (learn, adapt, adapt_async) in [
-        (true, false, false),
-        (true, true, false),
-        (false, true, true),
+    for (learn, adapt, adapt_async, lend) in [
+        (true, false, false, 0),
+        (true, true, false, 2),
+        (false, true, true, 2),
     ] {
         let opts = ExpertCacheOptions {
             slots: 6,
@@ -144,6 +156,7 @@ fn residency_changes_leave_no_sanitizer_finding() {
             adapt,
             adapt_async,
             copies_per_step: 2,
+            lend_min_tokens: lend,
         };
         let c = cache(&model, &dev, opts);
         if !learn {

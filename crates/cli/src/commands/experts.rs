@@ -41,6 +41,10 @@ pub struct ExpertArgs {
     /// Slot copies per step at most (adaptation, online learning).
     #[arg(long = "adapt-copies", default_value_t = 4)]
     pub adapt_copies: usize,
+    /// Batches of more tokens than this (long prompts) stream each layer's routed experts
+    /// to the device instead of computing the non-resident ones on the CPU (0: never).
+    #[arg(long = "short-read", default_value_t = 64)]
+    pub short_read: u32,
 }
 
 /// Where the routed experts go.
@@ -99,7 +103,14 @@ impl ExpertArgs {
         let total: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
         let kv = u64::from(n_ctx) * u64::from(hp.kv_dim()) * 4 * u64::from(hp.n_layer);
         let free = dev.memory()?.free as u64;
-        let need = (total - bytes) + kv + (self.vram_reserve_mib << 20);
+        // Long prompts stage one layer's experts at a time beside the cache.
+        let n_moe_layers = (n_routed / u64::from(moe.n_expert).max(1)).max(1);
+        let staging = if self.short_read > 0 {
+            bytes / n_moe_layers
+        } else {
+            0
+        };
+        let need = (total - bytes) + kv + staging + (self.vram_reserve_mib << 20);
         if total + kv + (self.vram_reserve_mib << 20) <= free {
             return Ok(Placement::Device);
         }
@@ -138,6 +149,7 @@ impl ExpertArgs {
             adapt: self.adapt || self.adapt_async,
             adapt_async: self.adapt_async,
             copies_per_step: self.adapt_copies.max(1),
+            lend_min_tokens: self.short_read,
         };
         let cache = ExpertCache::for_model(dev, model, pool_dev, opts, self.profile.as_deref())?;
         Ok(cache.shared())

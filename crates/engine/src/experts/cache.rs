@@ -13,7 +13,7 @@ use strata_model::ops::Ops;
 use strata_model::{ModelError, MoeIo, RoutedExperts};
 
 use super::ExpertError;
-use super::layout::Layout;
+use super::layout::{LayerExperts, Layout};
 use super::pool::CpuPool;
 use super::residency::Residency;
 use super::stats::ExpertStats;
@@ -31,6 +31,10 @@ pub struct ExpertCacheOptions {
     pub adapt_async: bool,
     /// Slot copies per step at most (adaptation and online learning each).
     pub copies_per_step: usize,
+    /// Batches of more tokens than this (prefill) stream each layer's routed experts to
+    /// the device, all of them computed there, instead of running the non-resident ones
+    /// on the CPU pool; 0 never does.
+    pub lend_min_tokens: u32,
 }
 
 impl Default for ExpertCacheOptions {
@@ -41,6 +45,7 @@ impl Default for ExpertCacheOptions {
             adapt: false,
             adapt_async: false,
             copies_per_step: 4,
+            lend_min_tokens: 64,
         }
     }
 }
@@ -57,6 +62,9 @@ pub struct ExpertCache {
     table: Residency,
     pool: CpuPool,
     split: Option<(usize, DeviceBuffer<f32>, DeviceBuffer<i32>)>,
+    /// Staging for lent batches: every expert's gate, up and down of one layer, expert e
+    /// at `e * (its matrix bytes)`, as the uncached kernels read them.
+    lend: Option<[DeviceBuffer<u8>; 3]>,
     counts: Vec<u64>,
     stats: ExpertStats,
     opts: ExpertCacheOptions,
@@ -119,6 +127,7 @@ impl ExpertCache {
             table,
             pool,
             split: None,
+            lend: None,
             counts: vec![0; nl * ne],
             stats: ExpertStats {
                 bytes_fill: (nl * ne * 4) as u64,
@@ -313,6 +322,9 @@ impl ExpertCache {
             self.stats.prefill_hits += hits;
             self.stats.prefill_misses += misses;
         }
+        if self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize && misses > 0 {
+            return self.run_lent(ops, io, &ids, lay);
+        }
         // Activations for the pool, on the transfer stream and queued before the
         // device's expert work, so their copy does not wait for it.
         let xn = if cpu_ids.is_empty() {
@@ -427,6 +439,81 @@ impl ExpertCache {
             io.n_embd,
         )?;
         self.stats.bytes_up += (y.len() * 4 + pairs * 4) as u64;
+        Ok(())
+    }
+}
+
+impl ExpertCache {
+    /// A long batch: the layer's routed experts go to the staging buffers (from their
+    /// slots when resident, from the file otherwise, consecutive experts in one upload)
+    /// and the whole layer runs on the device with the uncached kernels.
+    fn run_lent(
+        &mut self,
+        ops: &Ops<'_>,
+        io: &MoeIo<'_>,
+        ids: &[i32],
+        lay: LayerExperts,
+    ) -> Result<(), ExpertError> {
+        let il = io.layer;
+        let ne = self.layout.n_expert as usize;
+        let mut used = vec![false; ne];
+        for &id in ids {
+            used[id as usize] = true;
+        }
+        if self.lend.is_none() {
+            let mut bytes = [0u64; 3];
+            for l in self.layout.layers.iter().flatten() {
+                for (b, m) in bytes.iter_mut().zip(&l.mats) {
+                    *b = (*b).max(m.bytes * ne as u64);
+                }
+            }
+            let alloc = |b: u64| {
+                usize::try_from(b)
+                    .map_err(|_| ExpertError::TooManySlots(ne))
+                    .and_then(|b| Ok(self.dev.alloc::<u8>(b)?))
+            };
+            self.lend = Some([alloc(bytes[0])?, alloc(bytes[1])?, alloc(bytes[2])?]);
+        }
+        let Some(lend) = &self.lend else {
+            return Err(ExpertError::PoolDevice);
+        };
+        let file = self.gguf.bytes();
+        let sb = self.layout.slot_bytes as usize;
+        for (buf, m) in lend.iter().zip(&lay.mats) {
+            let eb = m.bytes as usize;
+            let mut e = 0;
+            while e < ne {
+                if !used[e] {
+                    e += 1;
+                    continue;
+                }
+                if let Some(slot) = self.table.slot_of(il, e as u32) {
+                    let from = slot * sb + m.slot_offset as usize;
+                    self.dev
+                        .copy_range(buf, e * eb, &self.slots, from, eb, self.copy)?;
+                    e += 1;
+                    continue;
+                }
+                let start = e;
+                while e < ne && used[e] && self.table.slot_of(il, e as u32).is_none() {
+                    e += 1;
+                }
+                let range = m.file_range(start as u32).start..m.file_range(e as u32 - 1).end;
+                let bytes = file
+                    .get(range)
+                    .ok_or(ExpertError::OutsideFile(il, start as u32))?;
+                self.dev.upload_at(buf, start * eb, bytes, self.copy)?;
+                self.stats.bytes_lend += bytes.len() as u64;
+            }
+        }
+        let [wg, wu, wd] = lend;
+        let (nt, nu) = (io.n_tokens, io.n_used);
+        ops.mul_mat_experts(io.gate, wg, io.xn, io.expert_ids, io.fa, nt, nu, false)?;
+        ops.mul_mat_experts(io.up, wu, io.xn, io.expert_ids, io.fb, nt, nu, false)?;
+        ops.swiglu(io.fa, io.fb, io.fc, nt * nu * io.gate.m)?;
+        ops.mul_mat_experts(io.down, wd, io.fc, io.expert_ids, io.moe_y, nt, nu, true)?;
+        ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
+        self.stats.lent_layers += 1;
         Ok(())
     }
 }

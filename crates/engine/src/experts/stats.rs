@@ -21,6 +21,10 @@ pub struct ExpertStats {
     pub bytes_fill: u64,
     /// Slots filled (initial fill, online learning, adaptation).
     pub slot_fills: u64,
+    /// Layers of long batches run on the device from staged experts, and the bytes
+    /// uploaded from the file for them.
+    pub lent_layers: u64,
+    pub bytes_lend: u64,
     /// Seconds the CPU pool worked, and of those, seconds the device also had expert work
     /// queued (measured per layer by polling the device's event while the pool runs).
     pub pool_seconds: f64,
@@ -54,7 +58,7 @@ impl ExpertStats {
     }
 
     pub fn bus_bytes(&self) -> u64 {
-        self.bytes_down + self.bytes_up + self.bytes_fill
+        self.bytes_down + self.bytes_up + self.bytes_fill + self.bytes_lend
     }
 }
 
@@ -63,7 +67,7 @@ impl fmt::Display for ExpertStats {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         write!(
             f,
-            "decode expert cache hit rate {:.1}% ({} of {} routed experts), {:.2} experts on CPU per token, PCIe {:.2} MiB (down {:.2}, up {:.2}, slot fills {:.2} in {} fills), CPU pool {:.3} s, overlap {:.0}%",
+            "decode expert cache hit rate {:.1}% ({} of {} routed experts), {:.2} experts on CPU per token, PCIe {:.2} MiB (down {:.2}, up {:.2}, slot fills {:.2} in {} fills, prefill staging {:.2} for {} layers), CPU pool {:.3} s, overlap {:.0}%",
             100.0 * self.decode_hit_rate(),
             self.decode_hits,
             self.decode_hits + self.decode_misses,
@@ -73,6 +77,8 @@ impl fmt::Display for ExpertStats {
             mib(self.bytes_up),
             mib(self.bytes_fill),
             self.slot_fills,
+            mib(self.bytes_lend),
+            self.lent_layers,
             self.pool_seconds,
             100.0 * self.overlap_fraction(),
         )
