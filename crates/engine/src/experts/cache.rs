@@ -292,9 +292,16 @@ impl ExpertCache {
         let ne = self.layout.n_expert as usize;
         let pairs = n * k;
         let dev = self.dev.clone();
-        let ids = dev
-            .download_range(io.expert_ids, 0, pairs, self.xfer)?
-            .wait()?;
+        let ids = dev.download_range(io.expert_ids, 0, pairs, self.xfer)?;
+        // A short batch with experts outside the cache will almost surely need its
+        // activations on the host: ask for them now, saving a round trip per layer.
+        let lends = self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize;
+        let mut xn_early = None;
+        if !lends && self.table.resident_count() < self.layout.n_routed() {
+            xn_early = Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?);
+            self.stats.bytes_down += (n * embd * 4) as u64;
+        }
+        let ids = ids.wait()?;
         self.stats.bytes_down += (pairs * 4) as u64;
         // The plan, from the host table: resident pairs stay on the device, the others
         // become rows of the pool's batch.
@@ -322,15 +329,18 @@ impl ExpertCache {
             self.stats.prefill_hits += hits;
             self.stats.prefill_misses += misses;
         }
-        if self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize && misses > 0 {
+        if lends && misses > 0 {
             return self.run_lent(ops, io, &ids, lay);
         }
         // Activations for the pool, on the transfer stream and queued before the
         // device's expert work, so their copy does not wait for it.
-        let xn = if cpu_ids.is_empty() {
-            None
-        } else {
-            Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?)
+        let xn = match (cpu_ids.is_empty(), xn_early) {
+            (true, _) => None,
+            (false, Some(x)) => Some(x),
+            (false, None) => {
+                self.stats.bytes_down += (n * embd * 4) as u64;
+                Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?)
+            }
         };
         let table = self.table.device();
         let sb = self.layout.slot_bytes;
@@ -394,7 +404,6 @@ impl ExpertCache {
         };
         let t0 = Instant::now();
         let xn = xn.wait()?;
-        self.stats.bytes_down += (n * embd * 4) as u64;
         let mut x = Vec::with_capacity(cpu_tok.len() * embd);
         for &t in &cpu_tok {
             x.extend_from_slice(&xn[t * embd..(t + 1) * embd]);
