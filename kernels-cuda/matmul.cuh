@@ -21,12 +21,14 @@
 #define MM_ROWS 2          // weight rows per warp per unit
 #define MM_STEP 1024       // values per staging step: 32 lanes x 32 values
 #define MM_STAGE_BYTES (34 * 32 + 32) // Q8_0's 1,024 values (the largest) + alignment slack
+#define MM_STAGE_U4 (MM_STAGE_BYTES / 16)
 
 struct MmShared {
     int8_t q[MM_ACT_VALUES];          // activation quants
     float d[MM_ACT_VALUES / 32];      // scale of each 32 values (Q8_K: its block's, repeated)
     float s[MM_ACT_VALUES / 32];      // Q8_1's d·Σq, f16-rounded
-    uint4 stage[MM_WARPS][MM_STAGE_BYTES / 16];
+    // Per warp, one staging step of each of its MM_ROWS rows.
+    uint4 stage[MM_WARPS][MM_ROWS * MM_STAGE_U4];
 };
 
 // What one unit computes: `tn` activation rows (x + i·x_stride) against weight rows
@@ -43,7 +45,15 @@ struct MmUnit {
     uint32_t m;
     uint32_t k;
     uint64_t act_key;  // identifies the activation rows (for reusing staged quants)
+    // Gathered tiles (grouped experts): row i of the tile is x row x_rows[i] and y row
+    // y_rows[i]; null for rows i = 0.. in order. A row's result is the same either way.
+    const uint32_t* x_rows;
+    const uint32_t* y_rows;
 };
+
+__device__ __forceinline__ uint64_t mm_row(const uint32_t* rows, int i) {
+    return rows ? rows[i] : (uint64_t)i;
+}
 
 // ---- activation quantisation (ggml's quantize_row_q8_0/q8_1/q8_K_ref) --------------------
 
@@ -55,7 +65,7 @@ __device__ void quantise_tile(MmShared& sh, const MmUnit& u, uint32_t k0, uint32
         const uint32_t per_row = len / 256, blocks = per_row * u.tn;
         for (uint32_t b = warp; b < blocks; b += nwarps) {
             const uint32_t i = b / per_row, off = (b % per_row) * 256;
-            const float* xr = u.x + i * u.x_stride + k0 + off;
+            const float* xr = u.x + mm_row(u.x_rows, i) * u.x_stride + k0 + off;
             float v[8];
             float amax = 0.0f, vmax = 0.0f;
             int at = 0x7fffffff;
@@ -99,7 +109,7 @@ __device__ void quantise_tile(MmShared& sh, const MmUnit& u, uint32_t k0, uint32
         const uint32_t per_row = len / 32, blocks = per_row * u.tn;
         for (uint32_t b = warp; b < blocks; b += nwarps) {
             const uint32_t i = b / per_row, off = (b % per_row) * 32;
-            const float v = u.x[i * u.x_stride + k0 + off + lane];
+            const float v = u.x[mm_row(u.x_rows, i) * u.x_stride + k0 + off + lane];
             const float amax = warp_max(fabsf(v));
             const float d = amax / 127.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -130,6 +140,43 @@ __device__ __forceinline__ const uint8_t* stage_bytes(uint4* stage, const uint8_
     for (uint32_t i = lane; i < n16; i += 32) stage[i] = __ldg(from + i);
     __syncwarp();
     return (const uint8_t*)stage + (a - a0);
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+ cp.async), so
+// every load of a step is in flight at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem));
+#else
+    *(uint4*)smem = __ldg((const uint4*)gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// One staging step of up to MM_ROWS weight rows at once: the warp issues all of their
+// 16-byte loads before waiting, so it waits for memory once per step rather than once
+// per row and segment. Same bytes as stage_bytes, row r at stage + r · MM_STAGE_U4;
+// `at[r]` is where row r's bytes landed.
+__device__ __forceinline__ void stage_rows(uint4* stage, const uint8_t* const* src, int nrows,
+                                           uint32_t bytes, const uint8_t** at) {
+    const int lane = threadIdx.x & 31;
+    for (int r = 0; r < nrows; r++) {
+        const uint64_t a = (uint64_t)src[r];
+        const uint64_t a0 = a & ~(uint64_t)15;
+        const uint32_t n16 = (uint32_t)((a + bytes - a0 + 15) >> 4);
+        const uint4* from = (const uint4*)a0;
+        uint4* to = stage + r * MM_STAGE_U4;
+        for (uint32_t i = lane; i < n16; i += 32) cp_async16(to + i, from + i);
+        at[r] = (const uint8_t*)to + (a - a0);
+    }
+    cp_async_wait_all();
+    __syncwarp();
 }
 
 // One decoded weight sub-block dotted with 32 staged activation values.
@@ -183,25 +230,41 @@ __device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_ke
             staged_key = whole ? u.act_key : ~(uint64_t)0;
         }
         if (warp >= nwarps) continue;
+        // This warp's rows of the unit (rows rr · nwarps + warp), staged together each step;
+        // every row still sums its steps in order, so results are as row by row.
+        const uint8_t* wrows[MM_ROWS];
+        int nrows = 0;
 #pragma unroll
         for (int rr = 0; rr < MM_ROWS; rr++) {
             const uint32_t row = u.r0 + (uint32_t)(rr * nwarps + warp);
-            if (row >= u.m) break;
-            const uint8_t* wrow = u.w + row * u.row_bytes + (uint64_t)(k0 / F::QK) * F::BYTES;
-            for (uint32_t v0 = 0; v0 < len; v0 += MM_STEP) {
-                const uint32_t nv = min((uint32_t)MM_STEP, len - v0);
-                const uint8_t* blocks = stage_bytes(sh.stage[warp],
-                                                    wrow + (uint64_t)(v0 / F::QK) * F::BYTES,
-                                                    nv / F::QK * F::BYTES);
-                if ((uint32_t)lane * 32 < nv) {
+            if (row < u.m) {
+                wrows[rr] = u.w + row * u.row_bytes + (uint64_t)(k0 / F::QK) * F::BYTES;
+                nrows = rr + 1;
+            } else {
+                wrows[rr] = nullptr;
+            }
+        }
+        if (nrows == 0) continue;
+        for (uint32_t v0 = 0; v0 < len; v0 += MM_STEP) {
+            const uint32_t nv = min((uint32_t)MM_STEP, len - v0);
+            const uint8_t* step[MM_ROWS];
+#pragma unroll
+            for (int rr = 0; rr < MM_ROWS; rr++)
+                step[rr] = wrows[rr] ? wrows[rr] + (uint64_t)(v0 / F::QK) * F::BYTES : nullptr;
+            const uint8_t* at[MM_ROWS];
+            stage_rows(sh.stage[warp], step, nrows, nv / F::QK * F::BYTES, at);
+            if ((uint32_t)lane * 32 < nv) {
+#pragma unroll
+                for (int rr = 0; rr < MM_ROWS; rr++) {
+                    if (rr >= nrows) break;
                     Sub s;
-                    F::decode(blocks + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                    F::decode(at[rr] + (lane / SUBS) * F::BYTES, lane % SUBS, s);
 #pragma unroll
                     for (int i = 0; i < MM_TOKENS; i++)
                         if (i < u.tn) acc[rr][i] += dot_sub<F>(s, sh, i * len + v0 + lane * 32);
                 }
-                __syncwarp();  // the staging buffer is refilled next step
             }
+            __syncwarp();  // the staging buffer is refilled next step
         }
     }
     if (warp >= nwarps) return;
@@ -213,7 +276,7 @@ __device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_ke
         for (int i = 0; i < MM_TOKENS; i++) {
             if (i < u.tn) {
                 const float v = warp_sum(acc[rr][i]);
-                if (lane == 0) u.y[i * u.y_stride + row] = v;
+                if (lane == 0) u.y[mm_row(u.y_rows, i) * u.y_stride + row] = v;
             }
         }
     }
@@ -279,7 +342,7 @@ __device__ void mm_float_unit(const MmUnit& u) {
 #pragma unroll
             for (int i = 0; i < MM_TOKENS; i++) {
                 if (i >= u.tn) break;
-                const float* xr = u.x + i * u.x_stride;
+                const float* xr = u.x + mm_row(u.x_rows, i) * u.x_stride;
 #pragma unroll
                 for (int j = 0; j < 8; j++)
                     if (e0 + j < u.k) acc[i] = fmaf(wv[j], float_act<T>(xr[e0 + j]), acc[i]);
@@ -289,7 +352,7 @@ __device__ void mm_float_unit(const MmUnit& u) {
         for (int i = 0; i < MM_TOKENS; i++) {
             if (i < u.tn) {
                 const float v = warp_sum(acc[i]);
-                if (lane == 0) u.y[i * u.y_stride + row] = v;
+                if (lane == 0) u.y[mm_row(u.y_rows, i) * u.y_stride + row] = v;
             }
         }
     }

@@ -8,9 +8,10 @@
 // Launch shapes: every kernel is correct for any grid, and for any block whose size is a
 // multiple of 32 (the warp-based ones fill their outputs with NaN otherwise); work is
 // taken in grid-stride loops. The shapes that fit them best: element-wise ops one thread
-// per element; rms_norm and router_topk one warp per row; attention one block per
-// (token, head); mul_mat / mul_mat_experts one 256-thread block per 16 weight rows and
-// tile of 8 tokens (see matmul.cuh).
+// per element; rms_norm one block per row; router_topk one warp per row; attention one
+// block per (token, head); mul_mat one 256-thread block per 16 weight rows and tile of 8
+// tokens (see matmul.cuh); mul_mat_experts one such block per 16 rows and (token, slot),
+// or per routed expert when the pairs are grouped.
 //
 // Arguments a kernel cannot accept (an unknown format, k not a whole number of blocks, a
 // bad head split, a negative expert id) give NaN outputs; buffer lengths are not passed,
@@ -90,23 +91,38 @@ extern "C" __global__ void kv_store(const float* k, const float* v, const int32_
     }
 }
 
-// ---- rms_norm: one warp per row ------------------------------------------------------------
+// ---- rms_norm: one block per row ----------------------------------------------------------
 
-// y[r] = x[r] · (1 / sqrt(mean(x[r]²) + eps)) · w; squares of f32 summed in f64, as the CPU.
+// y[r] = x[r] · (1 / sqrt(mean(x[r]²) + eps)) · w; squares of f32 summed in f64 (each
+// square is exact in f64, so the order of the sum does not move the f32 result in
+// practice). A whole block per row: every thread's loads are in flight at once, where a
+// warp walking a 2,048-wide row waited for 64 loads in turn (18 µs per decode launch).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, uint32_t n_rows,
                                     uint32_t dim, float eps) {
+    __shared__ double partial[32];
+    __shared__ float row_scale;
     if (!whole_warps()) return fill_nan(y, (uint64_t)n_rows * dim);
-    const int lane = threadIdx.x & 31;
-    const uint64_t warps = global_threads() / 32;
-    for (uint64_t r = global_thread() / 32; r < n_rows; r += warps) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (uint64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const float* xr = x + r * dim;
         float* yr = y + r * dim;
         double sum = 0.0;
-        for (uint32_t i = lane; i < dim; i += 32) sum += (double)__fmul_rn(xr[i], xr[i]);
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
+            sum += (double)__fmul_rn(xr[i], xr[i]);
         sum = warp_sum_f64(sum);
-        const float mean = (float)(sum / (double)dim);
-        const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-        for (uint32_t i = lane; i < dim; i += 32) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        if (lane == 0) partial[warp] = sum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double total = 0.0;
+            for (int i = 0; i < nwarps; i++) total += partial[i];
+            const float mean = (float)(total / (double)dim);
+            row_scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+        }
+        __syncthreads();
+        const float scale = row_scale;
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
+            yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        __syncthreads();  // row_scale and partial are rewritten for the next row
     }
 }
 
@@ -160,7 +176,7 @@ extern "C" __global__ void embed_rows(const uint8_t* table, const uint32_t* ids,
 // ---- mul_mat and mul_mat_experts (matmul.cuh) -------------------------------------------------
 
 // y[n x m] = x[n x k] · wᵀ
-extern "C" __global__ void mul_mat(const uint8_t* w, const float* x, float* y, uint32_t type,
+extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, const float* x, float* y, uint32_t type,
                                    uint32_t m, uint32_t k, uint32_t n) {
     __shared__ MmShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
@@ -183,46 +199,161 @@ extern "C" __global__ void mul_mat(const uint8_t* w, const float* x, float* y, u
         u.m = m;
         u.k = k;
         u.act_key = tile;
+        u.x_rows = nullptr;
+        u.y_rows = nullptr;
         mm_unit(sh, type, u, staged);
     }
 }
 
+// Above this many tokens mul_mat_experts groups (token, slot) pairs by expert
+// (crates/model/src/ops.rs sizes the grid to match; any grid is correct).
+#define MOE_GROUP_MIN_TOKENS 2
+// Experts a grouped launch can tell apart (a shared-memory bitmap); ids beyond are
+// treated like negative ones (NaN rows).
+#define MOE_MAX_EXPERTS 4096
+
 // y[t][j] = x' · W_eᵀ, e = ids[t][j], W_e at byte e · expert_bytes of w; x' = x[t] or, with
-// x_per_slot, x[t][j]. One (token, slot) per unit.
-extern "C" __global__ void mul_mat_experts(const uint8_t* w, const float* x, const int32_t* ids,
-                                           float* y, uint32_t type, uint32_t m, uint32_t k,
-                                           uint32_t n_tokens, uint32_t n_used,
-                                           uint32_t x_per_slot, uint64_t expert_bytes) {
+// x_per_slot, x[t][j]. Up to MOE_GROUP_MIN_TOKENS tokens: one (token, slot) per unit.
+// More: one (routed expert, row group) per unit, its pairs in tiles of MM_TOKENS gathered
+// rows, so the expert's rows are decoded once per tile instead of once per token; the
+// experts are ranked by id (a bitmap of the ids present), pairs kept in slot order, and
+// one extra rank writes NaN rows for invalid ids. Every row's arithmetic is the same in
+// both forms, so results do not depend on the batch.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    mul_mat_experts(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+                    uint32_t x_per_slot, uint64_t expert_bytes) {
     __shared__ MmShared sh;
+    __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
+    __shared__ uint32_t tile_x[MM_TOKENS], tile_y[MM_TOKENS];
+    __shared__ int tile_n;
+    __shared__ uint64_t tile_next;
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
     const uint32_t rows = mm_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
-    const uint64_t units = slots * groups;
     uint64_t staged = ~(uint64_t)0;
-    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint64_t slot = un / groups;
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        const int32_t e = ids[slot];
-        if (e < 0) {
-            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                y[slot * m + r] = nan_f32();
-            continue;
-        }
-        const uint64_t xrow = x_per_slot ? slot : slot / n_used;
-        MmUnit u;
-        u.w = w + (uint64_t)e * expert_bytes;
-        u.row_bytes = mm_row_bytes(type, k);
-        u.x = x + xrow * k;
-        u.x_stride = k;
-        u.y = y + slot * m;
-        u.y_stride = m;
+    MmUnit u;
+    u.row_bytes = mm_row_bytes(type, k);
+    u.x_stride = k;
+    u.y_stride = m;
+    u.m = m;
+    u.k = k;
+    if (n_tokens <= MOE_GROUP_MIN_TOKENS) {
+        u.x_rows = nullptr;
+        u.y_rows = nullptr;
         u.tn = 1;
+        for (uint64_t un = blockIdx.x; un < slots * groups; un += gridDim.x) {
+            const uint64_t slot = un / groups;
+            const uint32_t r0 = (uint32_t)(un % groups) * rows;
+            const int32_t e = ids[slot];
+            if (e < 0) {
+                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                    y[slot * m + r] = nan_f32();
+                continue;
+            }
+            const uint64_t xrow = x_per_slot ? slot : slot / n_used;
+            u.w = w + (uint64_t)e * expert_bytes;
+            u.x = x + xrow * k;
+            u.y = y + slot * m;
+            u.r0 = r0;
+            u.act_key = xrow;
+            mm_unit(sh, type, u, staged);
+        }
+        return;
+    }
+
+    // Which experts are routed to, and whether any id is invalid.
+    for (uint32_t i = threadIdx.x; i < MOE_MAX_EXPERTS / 32; i += blockDim.x) present[i] = 0;
+    __syncthreads();
+    bool invalid = false;
+    for (uint64_t s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int32_t e = ids[s];
+        if (e < 0 || e >= MOE_MAX_EXPERTS) invalid = true;
+        else atomicOr(&present[e >> 5], 1u << (e & 31));
+    }
+    const bool any_invalid = __syncthreads_or(invalid);
+    int distinct = 0;
+    for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) distinct += __popc(present[i]);
+    const uint64_t ranks = (uint64_t)distinct + (any_invalid ? 1 : 0);
+    u.x = x;
+    u.y = y;
+    u.x_rows = tile_x;
+    u.y_rows = tile_y;
+    for (uint64_t un = blockIdx.x; un < ranks * groups; un += gridDim.x) {
+        const int rank = (int)(un / groups);
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        // The expert of this rank (the rank-th set bit), or -1 for the invalid ids.
+        int e = -1;
+        if (rank < distinct) {
+            int seen = 0;
+            for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) {
+                const int c = __popc(present[i]);
+                if (seen + c > rank) {
+                    uint32_t bits = present[i];
+                    for (int skip = rank - seen; skip > 0; skip--) bits &= bits - 1;
+                    e = i * 32 + __ffs(bits) - 1;
+                    break;
+                }
+                seen += c;
+            }
+        }
+        u.w = w + (uint64_t)(e < 0 ? 0 : e) * expert_bytes;
         u.r0 = r0;
-        u.m = m;
-        u.k = k;
-        u.act_key = xrow;
-        mm_unit(sh, type, u, staged);
+        // Walk the slots in order, a tile of up to MM_TOKENS matching pairs at a time
+        // (warp 0 collects them 32 slots per step with a ballot, keeping slot order).
+        uint64_t s0 = 0;
+        while (true) {
+            __syncthreads();  // the previous tile is done with tile_x/tile_y
+            if (threadIdx.x < 32) {
+                const int lane = threadIdx.x;
+                int n = 0;
+                uint64_t s = s0;
+                while (s < slots && n < MM_TOKENS) {
+                    const uint64_t idx = s + lane;
+                    bool match = false;
+                    if (idx < slots) {
+                        const int32_t id = ids[idx];
+                        match = e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS);
+                    }
+                    const unsigned bal = __ballot_sync(FULL_MASK, match);
+                    const int found = __popc(bal), take = min(found, MM_TOKENS - n);
+                    const int pos = __popc(bal & ((1u << lane) - 1u));
+                    if (match && pos < take) {
+                        tile_x[n + pos] = (uint32_t)(x_per_slot ? idx : idx / n_used);
+                        tile_y[n + pos] = (uint32_t)idx;
+                    }
+                    n += take;
+                    if (take < found) {
+                        // The tile is full: the next walk starts at the first match left.
+                        unsigned rest = bal;
+                        for (int q = 0; q < take; q++) rest &= rest - 1u;
+                        s += (uint64_t)(__ffs(rest) - 1);
+                        break;
+                    }
+                    s += 32;
+                }
+                if (lane == 0) {
+                    tile_n = n;
+                    tile_next = s < slots ? s : slots;
+                }
+            }
+            __syncthreads();
+            const int n = tile_n;
+            s0 = tile_next;
+            if (n == 0) break;
+            if (e < 0) {
+                for (int i = 0; i < n; i++)
+                    for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                        y[(uint64_t)tile_y[i] * m + r] = nan_f32();
+            } else {
+                u.tn = n;
+                u.act_key = 0;
+                staged = ~(uint64_t)0;  // each tile quantises its own rows
+                mm_unit(sh, type, u, staged);
+            }
+            if (s0 >= slots) break;
+        }
     }
 }
 

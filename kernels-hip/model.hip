@@ -9,7 +9,7 @@
 // Launch shapes: every kernel is correct for any grid, and for any block whose size is a
 // multiple of 32 (the group-based ones fill their outputs with NaN otherwise); work is
 // taken in grid-stride loops. The shapes that fit them best: element-wise ops one thread
-// per element; rms_norm and router_topk one group per row; attention one block per
+// per element; rms_norm one block per row; router_topk one group per row; attention one block per
 // (token, head); mul_mat / mul_mat_experts one 256-thread block per 16 weight rows and
 // tile of 8 tokens (see matmul.h).
 //
@@ -93,25 +93,37 @@ extern "C" __global__ void kv_store(const float* k, const float* v, const int32_
     }
 }
 
-// ---- rms_norm: one group per row ----------------------------------------------------------
+// ---- rms_norm: one block per row ----------------------------------------------------------
 
-// y[r] = x[r] · (1 / sqrt(mean(x[r]²) + eps)) · w; squares of f32 summed in f64, as the CPU.
+// y[r] = x[r] · (1 / sqrt(mean(x[r]²) + eps)) · w; squares of f32 summed in f64 (each
+// square is exact in f64, so the order of the sum does not move the f32 result in
+// practice). A whole block per row, as model.cu: every thread's loads in flight at once.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, uint32_t n_rows,
                                     uint32_t dim, float eps) {
+    __shared__ double partial[STRATA_MAX_BLOCK / STRATA_GROUP];
+    __shared__ float row_scale;
     if (!whole_groups()) return fill_nan(y, (uint64_t)n_rows * dim);
-    const int lane = group_lane();
-    const uint64_t groups = global_threads() / STRATA_GROUP;
-    for (uint64_t r = global_thread() / STRATA_GROUP; r < n_rows; r += groups) {
+    const int lane = group_lane(), group = group_id(), ngroups = groups_per_block();
+    for (uint64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const float* xr = x + r * dim;
         float* yr = y + r * dim;
         double sum = 0.0;
-        for (uint32_t i = lane; i < dim; i += STRATA_GROUP)
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
             sum += (double)__fmul_rn(xr[i], xr[i]);
         sum = group_sum_f64(sum);
-        const float mean = (float)(sum / (double)dim);
-        const float scale = __fdiv_rn(1.0f, sqrt_rn(__fadd_rn(mean, eps)));
-        for (uint32_t i = lane; i < dim; i += STRATA_GROUP)
+        if (lane == 0) partial[group] = sum;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double total = 0.0;
+            for (int i = 0; i < ngroups; i++) total += partial[i];
+            const float mean = (float)(total / (double)dim);
+            row_scale = __fdiv_rn(1.0f, sqrt_rn(__fadd_rn(mean, eps)));
+        }
+        __syncthreads();
+        const float scale = row_scale;
+        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
             yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        __syncthreads();  // row_scale and partial are rewritten for the next row
     }
 }
 

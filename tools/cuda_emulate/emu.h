@@ -1,3 +1,4 @@
+#include <atomic>
 // A tiny SIMT emulator: runs CUDA kernels of kernels-cuda/ on the CPU, one std::thread per
 // GPU thread, blocks one after another. __syncthreads is a block barrier, warp shuffles
 // exchange through a per-warp buffer between two warp barriers.
@@ -19,6 +20,7 @@
 #define __global__
 #define __shared__ static
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 struct uint4 { unsigned int x, y, z, w; };
 struct Dim { unsigned int x = 1, y = 1, z = 1; };
 static thread_local Dim threadIdx, blockIdx;
@@ -58,6 +60,29 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     memcpy(&r, &got, sizeof(T));
     return r;
 }
+static inline unsigned __ballot_sync(unsigned, bool p) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    warp_slot[w][l] = p ? 1 : 0;
+    warp_bar[w].wait("ballot");
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++)
+        if (32 * w + i < (int)blockDim.x && warp_slot[w][i]) r |= 1u << i;
+    warp_bar[w].wait("ballot2");
+    return r;
+}
+static std::atomic<int> block_or_acc{0};
+static inline int __syncthreads_or(int p) {
+    if (p) block_or_acc.fetch_or(1);
+    block_bar.wait("__syncthreads_or");
+    int r = block_or_acc.load();
+    block_bar.wait("__syncthreads_or2");
+    if (threadIdx.x == 0) block_or_acc.store(0);
+    block_bar.wait("__syncthreads_or3");
+    return r;
+}
+static inline unsigned atomicOr(unsigned* p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }

@@ -12,6 +12,9 @@ const BLOCK: u32 = 256;
 /// grid is sized to the unit count (kernels-cuda/matmul.cuh). CPU kernels ignore shapes.
 const MM_ROWS_PER_BLOCK: usize = 16;
 const MM_TOKENS_PER_TILE: usize = 8;
+/// Above this many tokens the GPU mul_mat_experts groups the pairs by expert
+/// (kernels-cuda/model.cu's MOE_GROUP_MIN_TOKENS).
+const EXPERT_GROUPING_MIN_TOKENS: u32 = 2;
 
 /// `n` independent items (one thread each).
 fn cfg(n: usize) -> LaunchCfg {
@@ -21,6 +24,12 @@ fn cfg(n: usize) -> LaunchCfg {
 /// `units` blocks of 256 threads (one work unit per block).
 fn blocks(units: usize) -> LaunchCfg {
     LaunchCfg::linear(units.max(1) * BLOCK as usize, BLOCK)
+}
+
+/// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
+fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
+    let threads = dim.div_ceil(8).next_multiple_of(32).clamp(32, BLOCK as usize);
+    LaunchCfg::linear(rows.max(1) * threads, threads as u32)
 }
 
 /// One 32-lane warp per row.
@@ -83,7 +92,8 @@ impl Ops<'_> {
             .u32(n_rows)
             .u32(w.len)
             .f32(eps);
-        self.launch_cfg(KernelId::RmsNorm, warp_per_row(n_rows as usize), args)
+        let cfg = block_per_row(n_rows as usize, w.len as usize);
+        self.launch_cfg(KernelId::RmsNorm, cfg, args)
     }
 
     /// `y[n x m] = x[n x k] * w^T`, x read from element `x_off`.
@@ -276,11 +286,17 @@ impl Ops<'_> {
             .u32(n_used)
             .u32(x_per_slot as u32)
             .u64(w.expert_bytes);
-        self.launch(
-            KernelId::MulMatExperts,
-            (n_tokens * n_used * w.m) as usize,
-            args,
-        )
+        let groups = (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
+        let slots = (n_tokens * n_used) as usize;
+        // A few tokens: a unit per (token, slot) and row group. More: a unit per routed
+        // expert and row group (plus one for invalid ids), its tokens in tiles, so each
+        // expert's weights are read once per tile instead of once per token.
+        let units = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
+            slots * groups
+        } else {
+            (slots.min(w.n_expert as usize) + 1) * groups
+        };
+        self.launch_cfg(KernelId::MulMatExperts, blocks(units), args)
     }
 
     /// [`Ops::mul_mat_experts`] over the expert cache: the pairs whose expert has a slot

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build llama.cpp (CUDA, sm_90) in the background, run the
+# CUDA test binaries, profile strata's decode per kernel, then ci/bench-gpu.sh against
+# llama.cpp. Expects .carry/ from this machine: strata (release, --features cuda),
+# cuda2/{conformance,model_ops,model_logits} test binaries, llama.tgz and llama-cpp.sh
+# (../shared/oracle). Everything lands in $OUT; a short summary is printed last.
+#
+#   STEPS="tests profile bench" QUANTS="Q4_K" bash tools/cuda_session.sh
+set -u
+C=$PWD/.carry
+OUT=${OUT:-/tmp/strata-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=/usr/local/cuda/bin:$PATH
+export RUST_BACKTRACE=1
+STEPS=${STEPS:-tests profile bench}
+QUANTS=${QUANTS:-Q4_K IQ2_XS}
+MODEL_DIR=/tmp/strata-bench
+mkdir -p "$MODEL_DIR"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+if [ ! -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
+  (bash "$C/llama-cpp.sh" build-cuda "$C/llama.tgz" /tmp/lc > "$OUT/llama-build.log" 2>&1;
+   echo "exit $?" >> "$OUT/llama-build.log") &
+  LLAMA_PID=$!
+fi
+
+case " $STEPS " in *" tests "*)
+  for t in conformance model_ops model_logits; do
+    [ -x "$C/cuda2/$t" ] || continue
+    timeout 300 "$C/cuda2/$t" --test-threads=1 > "$OUT/test-$t.txt" 2>&1
+    stamp "test $t: $(grep -E '^test result' "$OUT/test-$t.txt" | tail -1)"
+  done;;
+esac
+
+for q in $QUANTS; do
+  f="$MODEL_DIR/qwen3-30b-a3b-shape-$q.gguf"
+  if [ ! -f "$f" ]; then
+    "$C/strata" synth --arch qwen3moe --layers 48 --hidden 2048 --heads 32 --kv-heads 4 \
+      --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 \
+      --quant "$q" --seed 1 -o "$f" > "$OUT/synth-$q.txt" 2>&1
+    stamp "synth $q: $(tail -1 "$OUT/synth-$q.txt")"
+  fi
+done
+
+case " $STEPS " in *" profile "*)
+  for q in $QUANTS; do
+    f="$MODEL_DIR/qwen3-30b-a3b-shape-$q.gguf"
+    STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$f" --backend cuda -p 0 -n 32 --no-graphs \
+      > "$OUT/profile-$q.txt" 2>&1
+    "$C/strata" bench -m "$f" --backend cuda -p 0 -n 64 >> "$OUT/profile-$q.txt" 2>&1
+    "$C/strata" bench -m "$f" --backend cuda -p 0 -n 64 --no-graphs >> "$OUT/profile-$q.txt" 2>&1
+    stamp "profile $q done"
+  done;;
+esac
+
+case " $STEPS " in *" bench "*)
+  [ -n "${LLAMA_PID:-}" ] && wait "$LLAMA_PID"
+  stamp "llama.cpp build: $(tail -1 "$OUT/llama-build.log" 2>/dev/null)"
+  STRATA="$C/strata" LLAMA_BIN=/tmp/lc/llama.cpp/build/bin MODEL_DIR="$MODEL_DIR" \
+    OUT="$OUT/bench" REPS=${REPS:-2} bash ci/bench-gpu.sh $QUANTS > "$OUT/bench-table.md" 2> "$OUT/bench.log"
+  stamp "bench done";;
+esac
+
+echo "== summary"
+for q in $QUANTS; do
+  [ -f "$OUT/profile-$q.txt" ] && grep -E "decode profile|^(kernel|mul_mat|attention|rms_norm|router|rope|add|swiglu|kv_store|embed|moe|sigmoid)|^tg" "$OUT/profile-$q.txt" | head -24
+done
+cat "$OUT/bench-table.md" 2>/dev/null
+tail -5 "$OUT/bench.log" 2>/dev/null
