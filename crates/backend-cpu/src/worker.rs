@@ -20,8 +20,18 @@ pub type Job = Box<dyn FnOnce(&mut JobCtx) + Send>;
 /// thread must not own the worker, or dropping the worker could never stop it).
 #[derive(Default)]
 struct Progress {
-    done: Mutex<u64>,
+    done: Mutex<Done>,
     cv: Condvar,
+}
+
+/// The finished-job count and the smallest count a waiter sleeps for, so the thread
+/// wakes waiters once when their job is done, not after every job (a decode step is
+/// hundreds of launches; a wake-up each cost a context switch of the waiting host).
+#[derive(Default)]
+struct Done {
+    count: u64,
+    /// Smallest target of the sleeping waiters; 0 when none sleeps.
+    wanted: u64,
 }
 
 pub struct StreamWorker {
@@ -60,8 +70,11 @@ impl StreamWorker {
                         tracing::error!("a job on CPU stream {index} panicked");
                     }
                     let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
-                    *d += 1;
-                    progress.cv.notify_all();
+                    d.count += 1;
+                    if d.wanted != 0 && d.count >= d.wanted {
+                        d.wanted = 0;
+                        progress.cv.notify_all();
+                    }
                 }
             })?;
         *worker.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -85,13 +98,21 @@ impl StreamWorker {
     }
 
     pub fn done(&self) -> u64 {
-        *self.progress.done.lock().unwrap_or_else(|e| e.into_inner())
+        self.progress
+            .done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count
     }
 
     /// Blocks until at least `target` jobs have finished.
     pub fn wait_until(&self, target: u64) {
         let mut d = self.progress.done.lock().unwrap_or_else(|e| e.into_inner());
-        while *d < target {
+        while d.count < target {
+            // Woken when the smallest target is reached: every waiter then re-registers.
+            if d.wanted == 0 || target < d.wanted {
+                d.wanted = target;
+            }
             d = self.progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
         }
     }

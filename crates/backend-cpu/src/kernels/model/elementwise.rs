@@ -9,12 +9,6 @@ use crate::kernels::KernelArgs;
 /// Work units of one element (a load, an op, a store).
 const ELEM_WORK: usize = 2;
 
-/// SwiGLU's SiLU: ggml's vector SiLU (every supported model's FFN rows are whole vectors).
-#[inline]
-fn silu(x: f32) -> f32 {
-    ggml_math::vsilu(x)
-}
-
 /// qwen2moe's shared-expert gate as llama.cpp builds it: silu(x) / x on a one-column
 /// tensor, so ggml's scalar SiLU (0.5 at 0, where the quotient is undefined).
 #[inline]
@@ -26,11 +20,12 @@ fn sigmoid(x: f32) -> f32 {
     }
 }
 
-/// `y[i] = f(a[i], b[i])` over `n` elements, split over the pool when large.
+/// `f(y, a, b)` over `n` elements in pieces (`y`, `a`, `b` of one length), split over
+/// the pool when large.
 fn zip_map(
     a: &KernelArgs<'_>,
     op: &str,
-    f: impl Fn(f32, f32) -> f32 + Send + Sync,
+    f: impl Fn(&mut [f32], &[f32], &[f32]) + Send + Sync,
 ) -> Result<(), String> {
     let x0 = a.buf::<f32>(0)?;
     let x1 = a.buf::<f32>(1)?;
@@ -42,21 +37,25 @@ fn zip_map(
     let per = par::items_per_task(a.pool, n, ELEM_WORK);
     par::for_each_chunk(a.pool, y, per, |i, ys| {
         let base = i * per;
-        for ((o, &u), &v) in ys.iter_mut().zip(&x0[base..]).zip(&x1[base..]) {
-            *o = f(u, v);
-        }
+        let len = ys.len();
+        f(ys, &x0[base..base + len], &x1[base..base + len]);
     });
     Ok(())
 }
 
 /// `y = a + b`.
 pub fn add(a: &KernelArgs<'_>) -> Result<(), String> {
-    zip_map(a, "add", |u, v| u + v)
+    zip_map(a, "add", |y, u, v| {
+        for ((o, &u), &v) in y.iter_mut().zip(u).zip(v) {
+            *o = u + v;
+        }
+    })
 }
 
-/// `y = silu(gate) * up`.
+/// `y = silu(gate) * up`, with ggml's vector SiLU (every supported model's FFN rows are
+/// whole vectors).
 pub fn swiglu(a: &KernelArgs<'_>) -> Result<(), String> {
-    zip_map(a, "swiglu", |g, u| silu(g) * u)
+    zip_map(a, "swiglu", ggml_math::swiglu)
 }
 
 /// `x[r] += b` for every row `r`.

@@ -14,6 +14,7 @@
 pub const LANES: usize = 16;
 
 /// ggml's vector `expf`, for one element.
+#[inline(always)]
 pub fn vexp(x: f32) -> f32 {
     let r = f32::from_bits(0x4B40_0000); // 0x1.8p23: rounds to an integer in the low bits
     let z = x.mul_add(f32::from_bits(0x3FB8_AA3B), r); // x / ln 2 + r
@@ -40,6 +41,7 @@ pub fn vexp(x: f32) -> f32 {
 }
 
 /// `j * 2^n` for an integral `n` in [-192, 192] (AVX-512's scalef).
+#[inline(always)]
 fn scale_by_pow2(j: f32, n: f32) -> f32 {
     let n = n as i32;
     // Split so each factor is a normal power of two.
@@ -50,6 +52,7 @@ fn scale_by_pow2(j: f32, n: f32) -> f32 {
 }
 
 /// ggml's vector SiLU, for one element: x / (1 + exp(-x)).
+#[inline(always)]
 pub fn vsilu(x: f32) -> f32 {
     x / (1.0 + vexp(-x))
 }
@@ -59,33 +62,66 @@ pub fn silu_scalar(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `x[i] = exp(x[i] - max)` for the row, returning the sum as ggml accumulates it: each
-/// vector's lanes added in a tree in f32, then into an f64; the tail one by one.
-pub fn softmax_exp(x: &mut [f32], max: f32) -> f64 {
-    let n = x.len();
-    let whole = n - n % LANES;
-    let mut sum = 0.0f64;
-    for chunk in x[..whole].chunks_exact_mut(LANES) {
-        let mut v = [0f32; LANES];
-        for (o, c) in v.iter_mut().zip(chunk.iter_mut()) {
-            *c = vexp(*c - max);
-            *o = *c;
-        }
-        let mut w = LANES / 2;
-        while w > 0 {
-            for i in 0..w {
-                v[i] += v[i + w];
+/// Runs `$body` compiled with FMA where the CPU has it: `mul_add` is then one
+/// instruction instead of a call to libm's `fmaf` (the same correctly rounded result).
+macro_rules! with_fma {
+    ($fma:ident, $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU runs FMA.
+                return unsafe { $fma($($arg),*) };
             }
-            w /= 2;
+            $body
         }
-        sum += f64::from(v[0]);
-    }
-    for c in &mut x[whole..] {
-        *c = (*c - max).exp();
-        sum += f64::from(*c);
-    }
-    sum
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "fma")]
+        unsafe fn $fma($($arg: $ty),*) -> $ret $body
+    };
 }
+
+with_fma!(
+    softmax_exp_fma,
+    /// `x[i] = exp(x[i] - max)` for the row, returning the sum as ggml accumulates it: each
+    /// vector's lanes added in a tree in f32, then into an f64; the tail one by one.
+    fn softmax_exp(x: &mut [f32], max: f32) -> f64 {
+        let n = x.len();
+        let whole = n - n % LANES;
+        let mut sum = 0.0f64;
+        for chunk in x[..whole].chunks_exact_mut(LANES) {
+            let mut v = [0f32; LANES];
+            for (o, c) in v.iter_mut().zip(chunk.iter_mut()) {
+                *c = vexp(*c - max);
+                *o = *c;
+            }
+            let mut w = LANES / 2;
+            while w > 0 {
+                for i in 0..w {
+                    v[i] += v[i + w];
+                }
+                w /= 2;
+            }
+            sum += f64::from(v[0]);
+        }
+        for c in &mut x[whole..] {
+            *c = (*c - max).exp();
+            sum += f64::from(*c);
+        }
+        sum
+    }
+);
+
+with_fma!(
+    swiglu_fma,
+    /// `y[i] = vsilu(g[i]) * u[i]` (SwiGLU with ggml's vector SiLU).
+    fn swiglu(y: &mut [f32], g: &[f32], u: &[f32]) -> () {
+        for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *o = vsilu(g) * u;
+        }
+    }
+);
 
 #[cfg(test)]
 mod tests {
