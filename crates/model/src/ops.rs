@@ -26,6 +26,20 @@ fn blocks(units: usize) -> LaunchCfg {
     LaunchCfg::linear(units.max(1) * BLOCK as usize, BLOCK)
 }
 
+/// A matmul launch over `m` weight rows times `other` units (token tiles, slots or
+/// experts): 256-thread blocks of 16 rows, or for decode-sized work 128-thread blocks of 8
+/// rows (twice the blocks, so a 512-row matrix reaches 64 SMs instead of 32; the kernels
+/// take any block of whole warps, and a row's arithmetic does not depend on it).
+fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
+    let (threads, rows) = if decode {
+        (BLOCK / 2, MM_ROWS_PER_BLOCK / 2)
+    } else {
+        (BLOCK, MM_ROWS_PER_BLOCK)
+    };
+    let units = (m as usize).div_ceil(rows) * other.max(1);
+    LaunchCfg::linear(units * threads as usize, threads)
+}
+
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
 fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
     let threads = dim.div_ceil(8).next_multiple_of(32).clamp(32, BLOCK as usize);
@@ -113,9 +127,8 @@ impl Ops<'_> {
             .u32(w.m)
             .u32(w.k)
             .u32(n);
-        let units =
-            (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK) * (n as usize).div_ceil(MM_TOKENS_PER_TILE);
-        self.launch_cfg(KernelId::MulMat, blocks(units), args)
+        let tiles = (n as usize).div_ceil(MM_TOKENS_PER_TILE);
+        self.launch_cfg(KernelId::MulMat, mm_blocks(w.m, tiles, tiles == 1), args)
     }
 
     pub fn add(
@@ -286,17 +299,16 @@ impl Ops<'_> {
             .u32(n_used)
             .u32(x_per_slot as u32)
             .u64(w.expert_bytes);
-        let groups = (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
         let slots = (n_tokens * n_used) as usize;
         // A few tokens: a unit per (token, slot) and row group. More: a unit per routed
         // expert and row group (plus one for invalid ids), its tokens in tiles, so each
         // expert's weights are read once per tile instead of once per token.
-        let units = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
-            slots * groups
+        let cfg = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
+            mm_blocks(w.m, slots, true)
         } else {
-            (slots.min(w.n_expert as usize) + 1) * groups
+            mm_blocks(w.m, slots.min(w.n_expert as usize) + 1, false)
         };
-        self.launch_cfg(KernelId::MulMatExperts, blocks(units), args)
+        self.launch_cfg(KernelId::MulMatExperts, cfg, args)
     }
 
     /// [`Ops::mul_mat_experts`] over the expert cache: the pairs whose expert has a slot
