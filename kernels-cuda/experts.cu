@@ -35,7 +35,7 @@ extern "C" __global__ void mul_mat_experts_cached(
         const int32_t s = table[e];
         if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
         const uint64_t xrow = x_per_slot ? p : p / n_used;
-        MmUnit u;
+        MmUnit u = {};  // fields this kernel does not set (gathered rows) stay null
         u.w = slots + (uint64_t)s * slot_bytes + matrix_offset;
         u.row_bytes = mm_row_bytes(type, k);
         u.x = x + xrow * k;
