@@ -103,10 +103,10 @@ impl ExpertArgs {
         let total: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
         let kv = u64::from(n_ctx) * u64::from(hp.kv_dim()) * 4 * u64::from(hp.n_layer);
         let free = dev.memory()?.free as u64;
-        // Long prompts stage one layer's experts at a time beside the cache.
+        // Long prompts stage two layers' experts (one in use, one prefetched) beside the cache.
         let n_moe_layers = (n_routed / u64::from(moe.n_expert).max(1)).max(1);
         let staging = if self.short_read > 0 {
-            bytes / n_moe_layers
+            2 * bytes / n_moe_layers
         } else {
             0
         };

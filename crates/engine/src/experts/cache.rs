@@ -13,7 +13,7 @@ use strata_model::ops::Ops;
 use strata_model::{ModelError, MoeIo, RoutedExperts};
 
 use super::ExpertError;
-use super::layout::{LayerExperts, Layout};
+use super::layout::Layout;
 use super::pool::CpuPool;
 use super::residency::Residency;
 use super::stats::ExpertStats;
@@ -64,7 +64,11 @@ pub struct ExpertCache {
     split: Option<(usize, DeviceBuffer<f32>, DeviceBuffer<i32>)>,
     /// Staging for lent batches: every expert's gate, up and down of one layer, expert e
     /// at `e * (its matrix bytes)`, as the uncached kernels read them.
-    lend: Option<[DeviceBuffer<u8>; 3]>,
+    lend: Option<Vec<[DeviceBuffer<u8>; 3]>>,
+    /// The set the last lent layer used, and a layer already prefetched into a set (with
+    /// the experts uploaded for it).
+    last_set: usize,
+    prefetched: Option<(usize, usize, Vec<bool>)>,
     counts: Vec<u64>,
     stats: ExpertStats,
     opts: ExpertCacheOptions,
@@ -128,6 +132,8 @@ impl ExpertCache {
             pool,
             split: None,
             lend: None,
+            last_set: 0,
+            prefetched: None,
             counts: vec![0; nl * ne],
             stats: ExpertStats {
                 bytes_fill: (nl * ne * 4) as u64,
@@ -330,7 +336,7 @@ impl ExpertCache {
             self.stats.prefill_misses += misses;
         }
         if lends && misses > 0 {
-            return self.run_lent(ops, io, &ids, lay);
+            return self.run_lent(ops, io, &ids);
         }
         // Activations for the pool, on the transfer stream and queued before the
         // device's expert work, so their copy does not wait for it.
@@ -453,22 +459,19 @@ impl ExpertCache {
 }
 
 impl ExpertCache {
-    /// A long batch: the layer's routed experts go to the staging buffers (from their
-    /// slots when resident, from the file otherwise, consecutive experts in one upload)
-    /// and the whole layer runs on the device with the uncached kernels.
-    fn run_lent(
+    /// Queues `layer`'s experts into staging set `set`: those `want` names that are not
+    /// `done` already, from their slots when resident (if `from_slots`), otherwise from
+    /// the file, consecutive experts in one upload. Returns which ones came from the file.
+    fn stage(
         &mut self,
-        ops: &Ops<'_>,
-        io: &MoeIo<'_>,
-        ids: &[i32],
-        lay: LayerExperts,
-    ) -> Result<(), ExpertError> {
-        let il = io.layer;
+        set: usize,
+        layer: usize,
+        want: &[bool],
+        done: Option<&[bool]>,
+        from_slots: bool,
+    ) -> Result<Vec<bool>, ExpertError> {
         let ne = self.layout.n_expert as usize;
-        let mut used = vec![false; ne];
-        for &id in ids {
-            used[id as usize] = true;
-        }
+        let lay = self.layout.layers[layer].ok_or(ExpertError::NotMoe(layer))?;
         if self.lend.is_none() {
             let mut bytes = [0u64; 3];
             for l in self.layout.layers.iter().flatten() {
@@ -481,41 +484,74 @@ impl ExpertCache {
                     .map_err(|_| ExpertError::TooManySlots(ne))
                     .and_then(|b| Ok(self.dev.alloc::<u8>(b)?))
             };
-            self.lend = Some([alloc(bytes[0])?, alloc(bytes[1])?, alloc(bytes[2])?]);
+            let mut sets = Vec::new();
+            for _ in 0..2 {
+                sets.push([alloc(bytes[0])?, alloc(bytes[1])?, alloc(bytes[2])?]);
+            }
+            self.lend = Some(sets);
         }
-        let Some(lend) = &self.lend else {
+        let Some(lend) = self.lend.as_ref().and_then(|l| l.get(set)) else {
             return Err(ExpertError::PoolDevice);
         };
         let file = self.gguf.bytes();
         let sb = self.layout.slot_bytes as usize;
+        let resident = |e: usize| self.table.slot_of(layer, e as u32);
+        let pending = |e: usize| want[e] && !done.is_some_and(|d| d[e]);
+        let mut uploaded = vec![false; ne];
         for (buf, m) in lend.iter().zip(&lay.mats) {
             let eb = m.bytes as usize;
             let mut e = 0;
             while e < ne {
-                if !used[e] {
+                if !pending(e) {
                     e += 1;
                     continue;
                 }
-                if let Some(slot) = self.table.slot_of(il, e as u32) {
-                    let from = slot * sb + m.slot_offset as usize;
-                    self.dev
-                        .copy_range(buf, e * eb, &self.slots, from, eb, self.copy)?;
+                if let Some(slot) = resident(e) {
+                    if from_slots {
+                        let from = slot * sb + m.slot_offset as usize;
+                        self.dev
+                            .copy_range(buf, e * eb, &self.slots, from, eb, self.copy)?;
+                    }
                     e += 1;
                     continue;
                 }
                 let start = e;
-                while e < ne && used[e] && self.table.slot_of(il, e as u32).is_none() {
+                while e < ne && pending(e) && resident(e).is_none() {
+                    uploaded[e] = true;
                     e += 1;
                 }
                 let range = m.file_range(start as u32).start..m.file_range(e as u32 - 1).end;
                 let bytes = file
                     .get(range)
-                    .ok_or(ExpertError::OutsideFile(il, start as u32))?;
+                    .ok_or(ExpertError::OutsideFile(layer, start as u32))?;
                 self.dev.upload_at(buf, start * eb, bytes, self.copy)?;
                 self.stats.bytes_lend += bytes.len() as u64;
             }
         }
-        let [wg, wu, wd] = lend;
+        Ok(uploaded)
+    }
+
+    /// A long batch: the layer's routed experts go to a staging set (from their slots when
+    /// resident, from the file otherwise, unless the previous layer prefetched them) and
+    /// the whole layer runs on the device with the uncached kernels. Then the next MoE
+    /// layer's non-resident experts are prefetched into the other set, so their upload
+    /// overlaps this layer's work.
+    fn run_lent(&mut self, ops: &Ops<'_>, io: &MoeIo<'_>, ids: &[i32]) -> Result<(), ExpertError> {
+        let il = io.layer;
+        let ne = self.layout.n_expert as usize;
+        let mut used = vec![false; ne];
+        for &id in ids {
+            used[id as usize] = true;
+        }
+        let (set, done) = match self.prefetched.take() {
+            Some((l, set, done)) if l == il => (set, Some(done)),
+            _ => (1 - self.last_set, None),
+        };
+        self.stage(set, il, &used, done.as_deref(), true)?;
+        self.last_set = set;
+        let Some([wg, wu, wd]) = self.lend.as_ref().and_then(|l| l.get(set)) else {
+            return Err(ExpertError::PoolDevice);
+        };
         let (nt, nu) = (io.n_tokens, io.n_used);
         ops.mul_mat_experts(io.gate, wg, io.xn, io.expert_ids, io.fa, nt, nu, false)?;
         ops.mul_mat_experts(io.up, wu, io.xn, io.expert_ids, io.fb, nt, nu, false)?;
@@ -523,6 +559,12 @@ impl ExpertCache {
         ops.mul_mat_experts(io.down, wd, io.fc, io.expert_ids, io.moe_y, nt, nu, true)?;
         ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
         self.stats.lent_layers += 1;
+        let next = (il + 1..self.layout.n_layer()).find(|&l| self.layout.layers[l].is_some());
+        if let Some(next) = next {
+            let all = vec![true; ne];
+            let uploaded = self.stage(1 - set, next, &all, None, false)?;
+            self.prefetched = Some((next, 1 - set, uploaded));
+        }
         Ok(())
     }
 }
