@@ -6,7 +6,9 @@
 // Arguments: buffers first in declaration order, then scalars, as core passes them.
 //
 // Launch shapes: every kernel is correct for any grid, and for any block whose size is a
-// multiple of 32 (the warp-based ones fill their outputs with NaN otherwise); work is
+// multiple of 32 (the warp-based ones fill their outputs with NaN otherwise; mul_mat and
+// mul_mat_experts are compiled for blocks of at most 256 threads, so that two blocks fit an
+// SM's registers, and a larger block is a launch error); work is
 // taken in grid-stride loops. The shapes that fit them best: element-wise ops one thread
 // per element; rms_norm one block per row; router_topk one warp per row; attention one
 // block per (token, head); mul_mat one 256-thread block per 16 weight rows and tile of 8

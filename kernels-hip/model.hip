@@ -469,6 +469,8 @@ __device__ double softmax_sum(const float* x, uint32_t n, float mx) {
 // p = softmax(logits[t]) (ggml's exponentials and sum); ids[t] = the k
 // largest p, descending, ties to the lower index; weights = those p, divided by their sum
 // (at least the smallest normal f16, as llama.cpp clamps it) when norm != 0.
+#define ROUTER_CACHED 8  // probabilities per lane kept in registers (rows up to 256 experts)
+
 extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float* weights,
                                        uint32_t n_tokens, uint32_t n_expert, uint32_t k,
                                        uint32_t norm) {
@@ -488,18 +490,45 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
         mx = group_max(mx);
         const double total = softmax_sum(row, n_expert, mx);
         const float inv = (float)(1.0 / total);
+        // The probabilities, computed once and kept in registers when the row fits
+        // (n_expert <= 32 · ROUTER_CACHED); the k picks then only compare.
+        float cached[ROUTER_CACHED];
+        const bool fits = n_expert <= STRATA_GROUP * ROUTER_CACHED;
+        if (fits) {
+#pragma unroll
+            for (int c = 0; c < ROUTER_CACHED; c++) {
+                const uint32_t e = lane + STRATA_GROUP * c;
+                cached[c] = e < n_expert
+                                ? __fmul_rn(ggml_softmax_exp(__fsub_rn(row[e], mx), e, n_expert), inv)
+                                : -F32_INF;
+            }
+        }
         // Each pick is the largest p ordered strictly after the previous pick.
         float prev_p = F32_INF;
         int prev_i = -1;
         for (uint32_t j = 0; j < k; j++) {
             float best_p = -F32_INF;
             int best_i = 0x7fffffff;
-            for (uint32_t e = lane; e < n_expert; e += STRATA_GROUP) {
-                const float p = __fmul_rn(ggml_softmax_exp(__fsub_rn(row[e], mx), e, n_expert), inv);
-                const bool after = p < prev_p || (p == prev_p && (int)e > prev_i);
-                if (after && (p > best_p || (p == best_p && (int)e < best_i))) {
-                    best_p = p;
-                    best_i = (int)e;
+            if (fits) {
+#pragma unroll
+                for (int c = 0; c < ROUTER_CACHED; c++) {
+                    const uint32_t e = lane + STRATA_GROUP * c;
+                    const float p = cached[c];
+                    const bool after = p < prev_p || (p == prev_p && (int)e > prev_i);
+                    if (e < n_expert && after && (p > best_p || (p == best_p && (int)e < best_i))) {
+                        best_p = p;
+                        best_i = (int)e;
+                    }
+                }
+            } else {
+                for (uint32_t e = lane; e < n_expert; e += STRATA_GROUP) {
+                    const float p =
+                        __fmul_rn(ggml_softmax_exp(__fsub_rn(row[e], mx), e, n_expert), inv);
+                    const bool after = p < prev_p || (p == prev_p && (int)e > prev_i);
+                    if (after && (p > best_p || (p == best_p && (int)e < best_i))) {
+                        best_p = p;
+                        best_i = (int)e;
+                    }
                 }
             }
             for (int o = STRATA_GROUP / 2; o > 0; o >>= 1) {

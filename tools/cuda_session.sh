@@ -5,7 +5,8 @@
 # cuda2/{conformance,model_ops,model_logits} test binaries, llama.tgz and llama-cpp.sh
 # (../shared/oracle). Everything lands in $OUT; a short summary is printed last.
 #
-#   STEPS="tests profile bench" QUANTS="Q4_K" bash tools/cuda_session.sh
+#   STEPS="tests profile bench-Q4_K offload bench-IQ2_XS" QUANTS="Q4_K IQ2_XS" \
+#     PROFILE_QUANTS=Q4_K bash tools/cuda_session.sh
 set -u
 C=$PWD/.carry
 OUT=${OUT:-/tmp/strata-out}
@@ -13,7 +14,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=/usr/local/cuda/bin:$PATH
 export RUST_BACKTRACE=1
-STEPS=${STEPS:-tests profile bench}
+STEPS=${STEPS:-tests profile bench-Q4_K}
 QUANTS=${QUANTS:-Q4_K IQ2_XS}
 MODEL_DIR=/tmp/strata-bench
 mkdir -p "$MODEL_DIR"
@@ -46,7 +47,7 @@ for q in $QUANTS; do
 done
 
 case " $STEPS " in *" profile "*)
-  for q in $QUANTS; do
+  for q in ${PROFILE_QUANTS:-$QUANTS}; do
     f="$MODEL_DIR/qwen3-30b-a3b-shape-$q.gguf"
     STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$f" --backend cuda -p 0 -n 32 --no-graphs \
       > "$OUT/profile-$q.txt" 2>&1
@@ -56,17 +57,27 @@ case " $STEPS " in *" profile "*)
   done;;
 esac
 
-case " $STEPS " in *" bench "*)
-  [ -n "${LLAMA_PID:-}" ] && wait "$LLAMA_PID"
-  stamp "llama.cpp build: $(tail -1 "$OUT/llama-build.log" 2>/dev/null)"
-  STRATA="$C/strata" LLAMA_BIN=/tmp/lc/llama.cpp/build/bin MODEL_DIR="$MODEL_DIR" \
-    OUT="$OUT/bench" REPS=${REPS:-2} bash ci/bench-gpu.sh $QUANTS > "$OUT/bench-table.md" 2> "$OUT/bench.log"
-  stamp "bench done";;
-esac
+[ -n "${LLAMA_PID:-}" ] && wait "$LLAMA_PID"
+stamp "llama.cpp build: $(tail -1 "$OUT/llama-build.log" 2>/dev/null)"
+LLAMA_BIN=/tmp/lc/llama.cpp/build/bin
+for step in $STEPS; do
+  case $step in
+    bench-*)
+      q=${step#bench-}
+      STRATA="$C/strata" LLAMA_BIN=$LLAMA_BIN MODEL_DIR="$MODEL_DIR" OUT="$OUT/bench" \
+        REPS=${REPS:-2} bash ci/bench-gpu.sh "$q" > "$OUT/bench-table-$q.md" 2> "$OUT/bench-$q.log"
+      stamp "bench $q done";;
+    offload)
+      STRATA="$C/strata" LLAMA_BIN=$LLAMA_BIN MODEL_DIR="$MODEL_DIR" OUT="$OUT/offload" \
+        REPS=${OFFLOAD_REPS:-2} bash ci/bench-offload.sh > "$OUT/offload-table.md" 2> "$OUT/offload.log"
+      stamp "offload done";;
+  esac
+done
 
 echo "== summary"
 for q in $QUANTS; do
   [ -f "$OUT/profile-$q.txt" ] && grep -E "decode profile|^(kernel|mul_mat|attention|rms_norm|router|rope|add|swiglu|kv_store|embed|moe|sigmoid)|^tg" "$OUT/profile-$q.txt" | head -24
 done
-cat "$OUT/bench-table.md" 2>/dev/null
-tail -5 "$OUT/bench.log" 2>/dev/null
+cat "$OUT"/bench-table-*.md 2>/dev/null
+cat "$OUT/offload-table.md" 2>/dev/null
+tail -3 "$OUT"/bench-*.log "$OUT/offload.log" 2>/dev/null | grep -v INFO

@@ -204,7 +204,7 @@ fn mul_mat_matches_the_cpu_for_every_format() {
             }
             if si == 3 {
                 // Any launch shape gives the same numbers: few blocks of 4 warps (each
-                // takes many units), or more blocks than units.
+                // takes many units), more blocks than units, one block, 2-warp blocks.
                 for cfg in [
                     LaunchCfg {
                         grid: [3, 1, 1],
@@ -216,9 +216,16 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                         block: [256, 1, 1],
                         shared_bytes: 0,
                     },
+                    // One block takes every unit (the matmuls are compiled for blocks of
+                    // at most 256 threads, model.cu's __launch_bounds__), and 2-warp blocks.
                     LaunchCfg {
                         grid: [1, 1, 1],
-                        block: [384, 1, 1],
+                        block: [256, 1, 1],
+                        shared_bytes: 0,
+                    },
+                    LaunchCfg {
+                        grid: [5, 1, 1],
+                        block: [64, 1, 1],
                         shared_bytes: 0,
                     },
                 ] {
