@@ -320,9 +320,8 @@ mod tests {
         }))
         .unwrap();
         let dev = strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env()).unwrap();
-        let gguf = Arc::new(
-            strata_gguf::GgufFile::from_bytes(synth::synthesize(&spec).unwrap()).unwrap(),
-        );
+        let gguf =
+            Arc::new(strata_gguf::GgufFile::from_bytes(synth::synthesize(&spec).unwrap()).unwrap());
         let model = Arc::new(Model::load(&dev, dev.main_stream(), gguf, |_, _| {}).unwrap());
         let prompt = [1u32, 7, 42, 99, 3, 250, 17];
         let mut src = Context::new(model.clone(), dev.clone(), 64, 4).unwrap();

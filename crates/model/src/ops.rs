@@ -42,7 +42,10 @@ fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
 
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
 fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
-    let threads = dim.div_ceil(8).next_multiple_of(32).clamp(32, BLOCK as usize);
+    let threads = dim
+        .div_ceil(8)
+        .next_multiple_of(32)
+        .clamp(32, BLOCK as usize);
     LaunchCfg::linear(rows.max(1) * threads, threads as u32)
 }
 
