@@ -124,6 +124,15 @@ impl Gemm<'_> {
                     self.put(oi, r, dot(k, w(r), act));
                 }
             }
+            // One activation row, one weight row at a time.
+            (Some(t), &[(ai, oi)]) => {
+                let act = self.act(ai);
+                let mut out = [0f32; 1];
+                for r in r0..r1 {
+                    (t.cols1)(k, w(r), &[act], &mut out);
+                    self.put(oi, r, out[0]);
+                }
+            }
             // A batch: each weight row against COLS activation rows at once, a block of
             // weight rows staying in L1 while a block of activation rows streams past.
             (Some(t), cols) if cols.len() > 1 => {
@@ -149,8 +158,10 @@ impl Gemm<'_> {
                                     self.put(oi, r, v);
                                 }
                             }
+                            let mut out1 = [0f32; 1];
                             for &(ai, oi) in fours.remainder() {
-                                self.put(oi, r, dot(k, row, self.act(ai)));
+                                (t.cols1)(k, row, &[self.act(ai)], &mut out1);
+                                self.put(oi, r, out1[0]);
                             }
                         }
                     }

@@ -23,6 +23,9 @@ pub type RowsFn = fn(k: usize, rows: &[&[u8]; ROWS], act: &[u8], out: &mut [f32;
 
 /// A format's tile kernels.
 pub struct Tiles {
+    /// One weight row against one activation row: `vec_dot` itself, faster where
+    /// strata_quant's kernel leaves instructions to save (Q4_K's scale broadcasts).
+    pub cols1: ColsFn<1>,
     pub cols8: ColsFn<COLS>,
     pub cols4: ColsFn<4>,
     /// For formats whose `vec_dot` is one long accumulation chain over small blocks
@@ -145,6 +148,9 @@ mod tests {
                     for (c, v) in out8.iter().enumerate() {
                         assert_eq!(v.to_bits(), want(0, c), "{ty:?} k={k} cols8 col {c}");
                     }
+                    let mut out1 = [0f32; 1];
+                    (t.cols1)(k, &rows[2], &[&a[5]], &mut out1);
+                    assert_eq!(out1[0].to_bits(), want(2, 5), "{ty:?} k={k} cols1");
                     let refs4: [&[u8]; 4] = std::array::from_fn(|c| a[c + 1].as_slice());
                     let mut out4 = [0f32; 4];
                     (t.cols4)(k, &rows[1], &refs4, &mut out4);

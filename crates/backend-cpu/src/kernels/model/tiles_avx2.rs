@@ -305,47 +305,81 @@ unsafe fn min_sum(y: *const u8, mins: __m128i) -> i32 {
     _mm_cvtsi128_si32(m)
 }
 
+/// i16 lanes all equal to lane `i` (< 8) of each 128-bit half of `v`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn splat_i16(v: __m256i, i: usize) -> __m256i {
+    let word = ((((2 * i + 1) << 8) | (2 * i)) as u16) as i16;
+    _mm256_shuffle_epi8(v, _mm256_set1_epi16(word))
+}
+
 /// Q4_K rows against `N` Q8_K activation rows: per block, exact integer sums, then
 /// `sumf += finish(d·dy, isum, dmin·dy, msum)` in block order, as `vec_dot`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_cols<const N: usize>(
-    nb: usize,
-    x: *const u8,
-    y: [*const u8; N],
-    out: &mut [f32; N],
-) {
-    let mut sumf = [0.0f32; N];
-    for i in 0..nb {
-        // SAFETY: the caller guarantees nb blocks at x and at every y[c].
-        unsafe {
-            let xp = x.add(i * 144);
-            let (sc, mn) = scale_min_k4(xp.add(4).cast::<[u8; 12]>().read_unaligned());
-            let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
-            let mut acc = [_mm256_setzero_si256(); N];
-            for j in 0..4 {
-                let q4 = load32(xp.add(16 + 32 * j));
-                let lo = _mm256_and_si256(q4, _mm256_set1_epi8(0x0f));
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), _mm256_set1_epi8(0x0f));
-                let s0 = _mm256_set1_epi16(i16::from(sc[2 * j]));
-                let s1 = _mm256_set1_epi16(i16::from(sc[2 * j + 1]));
-                for c in 0..N {
-                    let yq = y[c].add(i * Q8_K_BYTES + Q8_K_QS + 64 * j);
-                    let p0 = scaled_dot(lo, load32(yq), s0);
-                    let p1 = scaled_dot(hi, load32(yq.add(32)), s1);
-                    acc[c] = _mm256_add_epi32(acc[c], _mm256_add_epi32(p0, p1));
+/// `$madd_add(acc, p16, s)` is `acc + madd(p16, s)` (VNNI: one `vpdpwssd`).
+macro_rules! q4_k_cols {
+    ($name:ident, $feat:literal, $madd_add:ident) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+            out: &mut [f32; N],
+        ) {
+            let mut sumf = [0.0f32; N];
+            for i in 0..nb {
+                // SAFETY: the caller guarantees nb blocks at x and at every y[c].
+                unsafe {
+                    let xp = x.add(i * 144);
+                    let (sc, mn) = scale_min_k4(xp.add(4).cast::<[u8; 12]>().read_unaligned());
+                    let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr().cast()));
+                    let scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64(
+                        sc.as_ptr().cast(),
+                    )));
+                    let mut acc = [_mm256_setzero_si256(); N];
+                    for j in 0..4 {
+                        let q4 = load32(xp.add(16 + 32 * j));
+                        let lo = _mm256_and_si256(q4, _mm256_set1_epi8(0x0f));
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), _mm256_set1_epi8(0x0f));
+                        let s0 = splat_i16(scv, 2 * j);
+                        let s1 = splat_i16(scv, 2 * j + 1);
+                        for c in 0..N {
+                            let yq = y[c].add(i * Q8_K_BYTES + Q8_K_QS + 64 * j);
+                            let a = $madd_add(acc[c], _mm256_maddubs_epi16(lo, load32(yq)), s0);
+                            acc[c] = $madd_add(a, _mm256_maddubs_epi16(hi, load32(yq.add(32))), s1);
+                        }
+                    }
+                    let (d, dmin) = f16x2(xp);
+                    for c in 0..N {
+                        let yp = y[c].add(i * Q8_K_BYTES);
+                        let dy = f32_at(yp);
+                        let msum = min_sum(yp, mins);
+                        sumf[c] += finish(d * dy, hsum_i32(acc[c]), dmin * dy, msum);
+                    }
                 }
             }
-            let (d, dmin) = f16x2(xp);
-            for c in 0..N {
-                let yp = y[c].add(i * Q8_K_BYTES);
-                let dy = f32_at(yp);
-                let msum = min_sum(yp, mins);
-                sumf[c] += finish(d * dy, hsum_i32(acc[c]), dmin * dy, msum);
-            }
+            *out = sumf;
         }
-    }
-    *out = sumf;
+    };
 }
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn madd_add(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+fn madd_add_vnni(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+    _mm256_dpwssd_epi32(acc, p, s)
+}
+
+q4_k_cols!(q4_k_cols, "avx2,fma,f16c", madd_add);
+q4_k_cols!(
+    q4_k_cols_vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    madd_add_vnni
+);
 
 /// Q6_K rows against `N` Q8_K activation rows (quants stored +32: summed unsigned,
 /// then 32·Σ scale·bsum taken back), as `vec_dot`.
@@ -445,11 +479,13 @@ wrappers!(q4_0_vnni, q4_0_cols_vnni, q4_0_rows_vnni, QK, 18, 34);
 wrappers!(q4_1_vnni, q4_1_cols_vnni, q4_1_rows_vnni, QK, 20, 36);
 wrappers!(q8_0_vnni, q8_0_cols_vnni, none, QK, 34, 34);
 wrappers!(q4_k, q4_k_cols, none, QK_K, 144, Q8_K_BYTES);
+wrappers!(q4_k_vnni, q4_k_cols_vnni, none, QK_K, 144, Q8_K_BYTES);
 wrappers!(q6_k, q6_k_cols, none, QK_K, 210, Q8_K_BYTES);
 
 macro_rules! table {
     ($name:ident, $m:ident, $rows:expr) => {
         static $name: Tiles = Tiles {
+            cols1: $m::cols::<1>,
             cols8: $m::cols::<COLS>,
             cols4: $m::cols::<4>,
             rows4: $rows,
@@ -464,6 +500,7 @@ table!(Q4_0_VNNI, q4_0_vnni, Some(q4_0_vnni::rows));
 table!(Q4_1_VNNI, q4_1_vnni, Some(q4_1_vnni::rows));
 table!(Q8_0_VNNI, q8_0_vnni, None);
 table!(Q4_K, q4_k, None);
+table!(Q4_K_VNNI, q4_k_vnni, None);
 table!(Q6_K, q6_k, None);
 
 /// The AVX2 tiles of `ty` and, where the CPU has AVX-512 VNNI, their VNNI twins.
@@ -474,7 +511,7 @@ pub fn variants(ty: QuantType) -> [Option<&'static Tiles>; 2] {
         QuantType::Q4_0 => (&Q4_0, Some(&Q4_0_VNNI)),
         QuantType::Q4_1 => (&Q4_1, Some(&Q4_1_VNNI)),
         QuantType::Q8_0 => (&Q8_0, Some(&Q8_0_VNNI)),
-        QuantType::Q4_K => (&Q4_K, None),
+        QuantType::Q4_K => (&Q4_K, Some(&Q4_K_VNNI)),
         QuantType::Q6_K => (&Q6_K, None),
         _ => return [None, None],
     };
