@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::park::ParkConfig;
 use crate::scheduler::Scheduler;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct EngineConfig {
     /// Positions per context.
     pub n_ctx: u32,
@@ -35,6 +35,9 @@ pub struct EngineConfig {
     /// Most requests waiting or being served; more are refused (503) rather than queued
     /// without bound.
     pub max_queue: usize,
+    /// The expert cache every context runs the routed experts through, when they are not
+    /// all on the device (`--expert-cache N`).
+    pub experts: Option<strata_engine::experts::SharedExpertCache>,
 }
 
 impl EngineConfig {
@@ -50,6 +53,7 @@ impl EngineConfig {
                 disk_bytes: 0,
             },
             max_queue: 64,
+            experts: None,
         }
     }
 

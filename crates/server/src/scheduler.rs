@@ -31,6 +31,7 @@ pub struct Scheduler {
     parallel: usize,
     park: ParkStore,
     metrics: Arc<Metrics>,
+    experts: Option<strata_engine::experts::SharedExpertCache>,
 }
 
 struct Slot<'t> {
@@ -64,6 +65,7 @@ impl Scheduler {
             parallel: config.parallel.max(1),
             park,
             metrics,
+            experts: config.experts.clone(),
         })
     }
 
@@ -241,13 +243,14 @@ impl Scheduler {
     /// than `parallel` exist, else the idle one used least recently.
     fn free_slot(&self, slots: &mut Vec<Slot<'_>>) -> Result<usize, String> {
         if slots.len() < self.parallel {
-            let ctx = Context::new(
+            let mut ctx = Context::new(
                 self.model.clone(),
                 self.dev.clone(),
                 self.n_ctx,
                 self.n_batch,
             )
             .map_err(|e| format!("creating a context: {e}"))?;
+            ctx.set_expert_cache(self.experts.clone());
             slots.push(Slot {
                 ctx,
                 job: None,

@@ -138,6 +138,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
                 disk_bytes: args.park_disk_mib << 20,
             },
             max_queue: args.max_queue,
+            experts: loaded.experts.clone(),
         },
         state.metrics.clone(),
     )?;
