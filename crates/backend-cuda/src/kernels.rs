@@ -249,7 +249,13 @@ mod tests {
         let mut out = Vec::new();
         for (module, src) in KERNEL_SOURCES {
             for piece in src.split(marker).skip(1) {
+                // `__launch_bounds__(..)` may stand between `void` and the name.
+                let piece = match piece.trim_start().strip_prefix("__launch_bounds__") {
+                    Some(rest) => rest.split_once(')').map_or(rest, |(_, r)| r),
+                    None => piece,
+                };
                 let name: String = piece
+                    .trim_start()
                     .chars()
                     .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
                     .collect();
