@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU inference speed, strata against llama.cpp's llama-bench in the same run, same machine,
 # all cores: SmolLM2-135M Q4_1 and a synthetic qwen3moe Q4_K file. Also strata's peak RSS
-# for the run against the issue's budget (model file + f16 K/V + 10%).
+# for a prefill + decode run against the issue's budget (model file + f16 K/V + 10%).
 #   ci/bench-cpu.sh                 (LLAMA_BIN=folder of llama-bench, else ci/llama-cpp.sh builds it)
 #   THREADS, PP, TG, REPS (default: nproc, 512, 128, 2)
 set -euo pipefail
@@ -22,12 +22,17 @@ for m in "$smollm2" "$moe"; do
   l=$("$llama_bin/llama-bench" -m "$m" -p "$pp" -n "$tg" -t "$threads" -r "$reps" -o json 2>/dev/null)
   lpp=$(json 'round([x["avg_ts"] for x in json.loads(sys.argv[1]) if x["n_prompt"]>0][0],1)' "$l")
   ltg=$(json 'round([x["avg_ts"] for x in json.loads(sys.argv[1]) if x["n_gen"]>0][0],1)' "$l")
+  # As llama-bench measures: prefill of pp tokens, and decode of tg tokens from an empty
+  # context, as two runs (one strata bench run would decode after its prompt).
+  sp=$(STRATA_CPU_THREADS=$threads $strata bench -m "$m" -p "$pp" -n 0 -r "$reps" --json 2>/dev/null)
+  sg=$(STRATA_CPU_THREADS=$threads $strata bench -m "$m" -p 0 -n "$tg" -r "$reps" --json 2>/dev/null)
+  spp=$(json 'round(json.loads(sys.argv[1])["prefill_tokens_per_s"],1)' "$sp")
+  stg=$(json 'round(json.loads(sys.argv[1])["decode_tokens_per_s"],1)' "$sg")
+  # Peak RSS of one run doing both (the context then holds pp + tg positions).
   rss_log=$(mktemp)
-  s=$(STRATA_CPU_THREADS=$threads /usr/bin/time -f '%M' -o "$rss_log" \
-    $strata bench -m "$m" -p "$pp" -n "$tg" -r "$reps" --json 2>/dev/null)
+  STRATA_CPU_THREADS=$threads /usr/bin/time -f '%M' -o "$rss_log" \
+    $strata bench -m "$m" -p "$pp" -n "$tg" -r 1 --json >/dev/null 2>&1
   rss_kb=$(tail -n 1 "$rss_log"); rm -f "$rss_log"
-  spp=$(json 'round(json.loads(sys.argv[1])["prefill_tokens_per_s"],1)' "$s")
-  stg=$(json 'round(json.loads(sys.argv[1])["decode_tokens_per_s"],1)' "$s")
   # Budget: the file, f16 K and V of every layer at the bench's context (pp + tg), +10%
   # (shape from `strata info`; head size = embedding / heads, as in both bench models).
   budget=$($strata info "$m" 2>/dev/null | python3 -c '
