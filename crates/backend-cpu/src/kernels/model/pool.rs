@@ -114,6 +114,10 @@ impl Shared {
             if start.elapsed() > SPIN {
                 break;
             }
+            // Let any other runnable thread have the core (on a machine with as many busy
+            // threads as cores, a spinning worker would otherwise delay the stream threads
+            // it is waiting for); with nothing else to run this returns at once.
+            std::thread::yield_now();
         }
         let mut guard = self.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.sleepers.fetch_add(1, Ordering::SeqCst);
