@@ -2,10 +2,11 @@
 //! its meaning, llama.cpp's ggml-cpu the numerics they follow. One file per job:
 //!
 //! - `check`: argument validation shared by every op (sizes, formats, ids);
-//! - `par`: how work is split over the device's thread pool;
+//! - `par`: how work is split over the device's thread pool (`pool`: the spinning pool);
 //! - `elementwise`: add, add_rows, swiglu, sigmoid_gate_add;
 //! - `norm`: rms_norm; `embed`: embed_rows; `rope`: rope (YaRN included);
-//! - `matmul`: mul_mat and mul_mat_experts over strata-quant's dot products;
+//! - `matmul`: mul_mat and mul_mat_experts over strata-quant's dot products (`tiles`:
+//!   several of them at once, bit for bit);
 //! - `attention`: kv_store and causal GQA attention over the f16 cache (`simd`: its
 //!   inner loops);
 //! - `moe`: router_topk and moe_combine.

@@ -1,7 +1,9 @@
 //! Quantised matrix products, as ggml's mul_mat and mul_mat_id compute them: each
 //! activation row is quantised once to the weight format's `vec_dot_type`
 //! (strata_quant's `FormatKernels::act`), then every output is one `vec_dot` of a weight
-//! row with a quantised activation row.
+//! row with a quantised activation row: computed by that `vec_dot`, or bit for bit by a
+//! tile kernel (tiles.rs) that shares a weight row's unpacking between 8 activation rows
+//! or an activation row between 4 weight rows.
 //!
 //! Work is split over weight rows. Within a task, a block of weight rows stays in L1
 //! while a block of activation rows streams past, so for a batch (prefill, or the tokens
