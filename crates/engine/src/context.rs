@@ -105,6 +105,12 @@ impl Context {
         self.eval_rows(tokens, LogitRows::All)
     }
 
+    /// Feeds `tokens` and returns every row's logits, each row computed as a one-token
+    /// step computes it (bit for bit): speculative decoding's verify windows.
+    pub fn eval_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.eval_rows(tokens, LogitRows::AllAsDecode)
+    }
+
     fn eval_rows(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -117,7 +123,7 @@ impl Context {
             });
         }
         let vocab = self.model.hp.n_vocab as usize;
-        if rows == LogitRows::All && self.scratch.logit_rows < self.scratch.n_max {
+        if rows != LogitRows::Last && self.scratch.logit_rows < self.scratch.n_max {
             // Every row's logits: grow the scratch once (perplexity, goldens).
             let n_max = self.scratch.n_max;
             self.decode_graph = None;
@@ -155,11 +161,11 @@ impl Context {
             }
             self.tokens.extend_from_slice(chunk);
             let n_rows = match rows {
-                LogitRows::All => chunk.len(),
+                LogitRows::All | LogitRows::AllAsDecode => chunk.len(),
                 LogitRows::Last => 1,
             };
             let is_last = self.tokens.len() == needed;
-            if rows == LogitRows::All || is_last {
+            if rows != LogitRows::Last || is_last {
                 let logits = self
                     .dev
                     .download_range(&self.scratch.logits, 0, n_rows * vocab, self.stream)?

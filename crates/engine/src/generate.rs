@@ -1,6 +1,7 @@
 //! Generation: feed the prompt, then sample token by token until an end-of-generation
 //! token, a stop string, the token budget or the context's end.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_model::tokenizer::Tokenizer;
@@ -8,6 +9,7 @@ use strata_model::tokenizer::Tokenizer;
 use crate::context::Context;
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplingParams};
+use crate::spec::{Drafter, NgramDrafter, SpecStats};
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -54,6 +56,8 @@ pub struct Generation {
     pub prompt_tokens: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// The verify windows' counts, when speculative decoding ran.
+    pub spec: Option<SpecStats>,
 }
 
 impl Generation {
@@ -103,8 +107,37 @@ pub fn generate(
     tokenizer: &Tokenizer,
     new_tokens: &[u32],
     params: &GenerateParams,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation> {
+    generate_spec(ctx, tokenizer, new_tokens, params, 0, None, on_text)
+}
+
+/// [`generate`] with speculative decoding: `spec` drafts per verify window from `drafter`
+/// (prompt lookup when `None`). Greedy sampling only (the output is then token for token
+/// that of `generate`); with a temperature above 0 it decodes one token at a time.
+pub fn generate_spec(
+    ctx: &mut Context,
+    tokenizer: &Tokenizer,
+    new_tokens: &[u32],
+    params: &GenerateParams,
+    spec: usize,
+    drafter: Option<&mut dyn Drafter>,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation> {
+    let mut ngram = NgramDrafter::default();
+    let drafter: &mut dyn Drafter = match drafter {
+        Some(d) => d,
+        None => &mut ngram,
+    };
+    let spec = if params.sampling.temperature <= 0.0 {
+        spec
+    } else {
+        0
+    };
+    let mut stats = SpecStats::default();
+    // Tokens a verify window decided that are not emitted yet (accepted drafts, then the
+    // bonus token); every one but the last already has its K/V in the context.
+    let mut queued: VecDeque<u32> = VecDeque::new();
     let mut sampler = Sampler::new(params.sampling.clone())?;
     if new_tokens.is_empty() && ctx.tokens().is_empty() {
         return Err(EngineError::EmptyPrompt);
@@ -137,7 +170,10 @@ pub fn generate(
         if out_tokens.len() >= params.max_tokens {
             break StopReason::Length;
         }
-        let tok = sampler.sample(&logits, &history);
+        let tok = match queued.pop_front() {
+            Some(t) => t,
+            None => sampler.sample(&logits, &history),
+        };
         if tokenizer.is_eog(tok) && !params.ignore_eos {
             break StopReason::Eog;
         }
@@ -156,14 +192,58 @@ pub fn generate(
             text.truncate(at);
             break StopReason::StopString(s);
         }
-        if ctx.tokens().len() + 1 >= ctx.n_ctx() {
+        // The history holds every token fed plus `tok` (the context may hold accepted
+        // drafts ahead of it).
+        if history.len() >= ctx.n_ctx() {
             break StopReason::ContextFull;
         }
         if out_tokens.len() >= params.max_tokens {
             break StopReason::Length;
         }
-        logits = ctx.eval(&[tok])?;
+        if !queued.is_empty() {
+            continue;
+        }
+        // Room for drafts: the window must fit the context, and more than the remaining
+        // budget is wasted work.
+        let room = (ctx.n_ctx() - history.len())
+            .min(params.max_tokens - out_tokens.len() - 1)
+            .min(spec);
+        let drafts = if room > 0 {
+            drafter.propose(&history, room)
+        } else {
+            Vec::new()
+        };
+        if drafts.is_empty() {
+            logits = ctx.eval(&[tok])?;
+            continue;
+        }
+        let held = ctx.tokens().len();
+        let mut window = Vec::with_capacity(drafts.len() + 1);
+        window.push(tok);
+        window.extend_from_slice(&drafts);
+        let rows = ctx.eval_verify(&window)?;
+        let vocab = ctx.model.hp.n_vocab as usize;
+        let mut seen = history.clone();
+        for (i, row) in rows.chunks_exact(vocab).enumerate() {
+            let choice = sampler.sample(row, &seen);
+            queued.push_back(choice);
+            if drafts.get(i) != Some(&choice) {
+                break;
+            }
+            seen.push(choice);
+        }
+        let accepted = queued.len() - 1;
+        // Forget the rejected drafts' positions (their K/V is overwritten later).
+        ctx.truncate(held + 1 + accepted);
+        drafter.observe(&queued.iter().copied().collect::<Vec<_>>());
+        stats.windows += 1;
+        stats.drafted += drafts.len();
+        stats.accepted += accepted;
     };
+    // Accepted drafts past the stop are not part of the conversation.
+    if ctx.tokens().len() > history.len() {
+        ctx.truncate(history.len());
+    }
     if !matches!(stop, StopReason::StopString(_) | StopReason::Cancelled) {
         text.push_str(&decoder.finish());
         if text.len() > emitted {
@@ -177,6 +257,7 @@ pub fn generate(
         prompt_tokens: new_tokens.len(),
         prefill_seconds,
         decode_seconds: t1.elapsed().as_secs_f64(),
+        spec: (spec > 0).then_some(stats),
     })
 }
 

@@ -7,9 +7,10 @@ pub mod experts;
 pub mod generate;
 pub mod kv_snapshot;
 pub mod sampler;
+pub mod spec;
 
 pub use context::Context;
 pub use error::{EngineError, Result};
-pub use generate::{GenerateParams, Generation, StopReason, generate};
+pub use generate::{GenerateParams, Generation, StopReason, generate, generate_spec};
 pub use kv_snapshot::KvSnapshot;
 pub use sampler::{Sampler, SamplingParams};

@@ -112,6 +112,11 @@ impl Scratch {
 pub enum LogitRows {
     Last,
     All,
+    /// Every row's logits, each row's attention launched as a one-token step launches it.
+    /// For speculative decoding's verify windows: a CPU attention launch of 2+ tokens sums
+    /// in llama.cpp's batch order, which can differ from a one-token step in the last bits
+    /// and flip a greedy token; one launch per row keeps every row equal to decode.
+    AllAsDecode,
 }
 
 impl Model {
@@ -220,7 +225,7 @@ impl Model {
         }
         let (first, count) = match rows {
             LogitRows::Last => (n - 1, 1),
-            LogitRows::All => (0, n),
+            LogitRows::All | LogitRows::AllAsDecode => (0, n),
         };
         if count > scratch.logit_rows {
             return Err(ModelError::BadHParams(format!(
@@ -233,7 +238,8 @@ impl Model {
         ops.embed_rows(&self.tok_embd, &s.ids, &s.x, n)?;
         for (il, layer) in self.layers.iter().enumerate() {
             // x -> x2 (attention residual) -> x (FFN residual)
-            self.attention(&ops, s, &layer.attn, kv, il, n)?;
+            let per_row = rows == LogitRows::AllAsDecode;
+            self.attention(&ops, s, &layer.attn, kv, il, n, per_row)?;
             ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
             ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
             self.ffn(&ops, s, &layer.ffn, il, n, experts.as_deref_mut())?;
@@ -253,6 +259,7 @@ impl Model {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         ops: &Ops<'_>,
@@ -261,6 +268,7 @@ impl Model {
         kv: &KvCache,
         il: usize,
         n: u32,
+        per_row: bool,
     ) -> Result<()> {
         let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
@@ -289,19 +297,35 @@ impl Model {
         ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
         ops.kv_store(k, &s.v, &s.pos, k_cache, v_cache, h.kv_dim(), n, kv.n_ctx)?;
-        ops.attention(
-            q,
-            &s.pos,
-            k_cache,
-            v_cache,
-            &s.att,
-            n,
-            h.n_head,
-            h.n_head_kv,
-            h.head_dim,
-            kv.n_ctx,
-            h.attn_scale,
-        )?;
+        if per_row {
+            ops.attention_per_row(
+                q,
+                &s.pos,
+                k_cache,
+                v_cache,
+                &s.att,
+                n,
+                h.n_head,
+                h.n_head_kv,
+                h.head_dim,
+                kv.n_ctx,
+                h.attn_scale,
+            )?;
+        } else {
+            ops.attention(
+                q,
+                &s.pos,
+                k_cache,
+                v_cache,
+                &s.att,
+                n,
+                h.n_head,
+                h.n_head_kv,
+                h.head_dim,
+                kv.n_ctx,
+                h.attn_scale,
+            )?;
+        }
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
         if let Some(b) = &a.bo {
             ops.add_rows(&s.tmp, b, n)?;

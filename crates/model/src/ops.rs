@@ -254,6 +254,43 @@ impl Ops<'_> {
         )
     }
 
+    /// [`Ops::attention`] as `n_tokens` one-token launches (row t reads q, pos and writes
+    /// out from its own offset), so every row is computed in the one-token summation order
+    /// of decode on every backend (speculative decoding's verify windows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_per_row(
+        &self,
+        q: &DeviceBuffer<f32>,
+        pos: &DeviceBuffer<i32>,
+        k_cache: &DeviceBuffer<u16>,
+        v_cache: &DeviceBuffer<u16>,
+        out: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        n_ctx: u32,
+        scale: f32,
+    ) -> Result<()> {
+        let row = (n_head * head_dim) as usize;
+        for t in 0..n_tokens as usize {
+            let args = Args::new()
+                .read_at(q, t * row)
+                .read_at(pos, t)
+                .read(k_cache)
+                .read(v_cache)
+                .write_at(out, t * row)
+                .u32(1)
+                .u32(n_head)
+                .u32(n_kv_head)
+                .u32(head_dim)
+                .u32(n_ctx)
+                .f32(scale);
+            self.launch_cfg(KernelId::Attention, blocks(n_head as usize), args)?;
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn router_topk(
         &self,
