@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use strata_engine::Context;
+use strata_engine::spec::SpecStats;
+use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec};
 
 use super::common::{self, ModelArgs};
 use super::experts;
@@ -31,6 +32,10 @@ pub struct Args {
     /// a fraction of that roofline.
     #[arg(long)]
     pub roofline: bool,
+    /// Decode with speculative decoding: up to K prompt-lookup drafts per verify window
+    /// (greedy; drafts come from the prompt and the output so far). 0: off.
+    #[arg(long, default_value_t = 0)]
+    pub spec: usize,
 }
 
 /// Bytes of weights one decode token reads: every matrix once, the routed experts'
@@ -135,6 +140,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (mut pp_s, mut tg_s) = (0.0, 0.0);
     let mut decode_profile = Vec::new();
+    let mut spec_stats = SpecStats::default();
     for rep in 0..reps {
         let mut ctx = new_context()?;
         // The warm-up's (or the last repetition's) expert statistics are not this one's.
@@ -151,9 +157,32 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut tok = (rng.next_u64() % vocab as u64) as u32;
             loaded.dev.kernel_times()?; // a profile covers the decode steps only
             let t = Instant::now();
-            for _ in 0..args.n_gen {
-                let logits = ctx.eval(&[tok])?;
-                tok = strata_engine::sampler::argmax(&logits);
+            if args.spec > 0 {
+                let params = GenerateParams {
+                    max_tokens: args.n_gen,
+                    sampling: SamplingParams::greedy(),
+                    ignore_eos: true,
+                    ..GenerateParams::default()
+                };
+                let g = generate_spec(
+                    &mut ctx,
+                    &loaded.tokenizer,
+                    &[tok],
+                    &params,
+                    args.spec,
+                    None,
+                    |_| true,
+                )?;
+                if let Some(s) = g.spec {
+                    spec_stats.windows += s.windows;
+                    spec_stats.drafted += s.drafted;
+                    spec_stats.accepted += s.accepted;
+                }
+            } else {
+                for _ in 0..args.n_gen {
+                    let logits = ctx.eval(&[tok])?;
+                    tok = strata_engine::sampler::argmax(&logits);
+                }
             }
             tg_s += t.elapsed().as_secs_f64();
             decode_profile = loaded.dev.kernel_times()?;
@@ -171,6 +200,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         0.0
     };
+    if args.spec > 0 {
+        eprintln!("strata bench: {}", spec_stats.summary());
+    }
     let info = loaded.dev.info();
     print_profile(&decode_profile, args.n_gen);
     let weight_bytes = weight_bytes_per_token(&loaded.model);

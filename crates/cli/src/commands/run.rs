@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context as _;
-use strata_engine::{Context, GenerateParams, generate};
+use strata_engine::{Context, GenerateParams, generate_spec};
 
 use super::common::{self, ModelArgs, SamplingArgs};
 use super::experts;
@@ -36,6 +36,10 @@ pub struct Args {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Speculative decoding: verify up to K prompt-lookup drafts per forward pass (greedy
+    /// sampling only; the output is the same as without it). 0: off.
+    #[arg(long, default_value_t = 0)]
+    pub spec: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -72,9 +76,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         show_special: false,
     };
     let mut stdout = std::io::stdout().lock();
-    let g = generate(&mut ctx, &loaded.tokenizer, &tokens, &params, |text| {
-        stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok()
-    })?;
+    let g = generate_spec(
+        &mut ctx,
+        &loaded.tokenizer,
+        &tokens,
+        &params,
+        args.spec,
+        None,
+        |text| stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok(),
+    )?;
     if stdout.is_terminal() {
         let _ = writeln!(stdout);
     }
@@ -88,6 +98,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         g.decode_tokens_per_s(),
         g.stop
     );
+    if let Some(stats) = &g.spec {
+        eprintln!("strata: {}", stats.summary());
+    } else if args.spec > 0 {
+        eprintln!("strata: --spec needs greedy sampling (--temp 0); decoded without it");
+    }
     experts::report(&ctx);
     Ok(())
 }
