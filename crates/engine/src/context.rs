@@ -123,11 +123,18 @@ impl Context {
             });
         }
         let vocab = self.model.hp.n_vocab as usize;
-        if rows != LogitRows::Last && self.scratch.logit_rows < self.scratch.n_max {
-            // Every row's logits: grow the scratch once (perplexity, goldens).
-            let n_max = self.scratch.n_max;
+        let n_max = self.scratch.n_max;
+        // Every row's logits: grow the scratch once, to a full batch for perplexity and
+        // goldens, to at least 16 rows for verify windows (a window is a few tokens; a
+        // full batch of rows would hold n_max * n_vocab floats).
+        let logit_rows = match rows {
+            LogitRows::Last => 1,
+            LogitRows::All => n_max,
+            LogitRows::AllAsDecode => (tokens.len() as u32).max(16).min(n_max),
+        };
+        if self.scratch.logit_rows < logit_rows {
             self.decode_graph = None;
-            self.scratch = Scratch::new(&self.dev, &self.model, n_max, n_max)?;
+            self.scratch = Scratch::new(&self.dev, &self.model, n_max, logit_rows)?;
         }
         let mut out = Vec::new();
         let batch = self.scratch.n_max as usize;
