@@ -5,9 +5,15 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 fn main() {
-    let list = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels.txt");
+    // Read at run time: a build script compiled for one checkout may run for another (a
+    // shared target dir), and a missing list must fail the build, not empty the enum.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into());
+    let list = Path::new(&manifest).join("kernels.txt");
     println!("cargo:rerun-if-changed={}", list.display());
-    let text = std::fs::read_to_string(&list).unwrap_or_default();
+    let text = match std::fs::read_to_string(&list) {
+        Ok(t) => t,
+        Err(e) => panic!("cannot read {}: {e}", list.display()),
+    };
     let mut kernels: Vec<(String, String)> = Vec::new(); // (kernel, module)
     for line in text.lines() {
         let line = line.trim();
