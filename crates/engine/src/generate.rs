@@ -10,6 +10,7 @@ use crate::context::Context;
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::spec::{Drafter, NgramDrafter, SpecStats};
+use crate::stop::split_stop;
 
 #[derive(Clone, Debug)]
 pub struct GenerateParams {
@@ -68,36 +69,6 @@ impl Generation {
             0.0
         }
     }
-}
-
-/// Text that is safe to show: everything except a tail that could still grow into a stop
-/// string. Returns (text to emit now, stop string found).
-fn split_stop(text: &str, emitted: usize, stops: &[String]) -> (usize, Option<(usize, String)>) {
-    let mut first: Option<(usize, String)> = None;
-    for s in stops.iter().filter(|s| !s.is_empty()) {
-        if let Some(i) = text.find(s.as_str())
-            && first.as_ref().is_none_or(|(j, _)| i < *j)
-        {
-            first = Some((i, s.clone()));
-        }
-    }
-    if let Some((i, s)) = first {
-        return (i.max(emitted), Some((i, s)));
-    }
-    // Hold back the longest suffix that is a prefix of some stop string.
-    let mut hold = 0;
-    for s in stops {
-        for k in (1..s.len()).rev() {
-            if k <= text.len()
-                && text.is_char_boundary(text.len() - k)
-                && s.starts_with(&text[text.len() - k..])
-            {
-                hold = hold.max(k);
-                break;
-            }
-        }
-    }
-    ((text.len() - hold).max(emitted), None)
 }
 
 /// Feeds `new_tokens` to `ctx` and generates. `on_text` receives the text as it becomes
@@ -259,21 +230,4 @@ pub fn generate_spec(
         decode_seconds: t1.elapsed().as_secs_f64(),
         spec: (spec > 0).then_some(stats),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_stop;
-
-    #[test]
-    fn stop_strings_hold_back_possible_prefixes() {
-        let stops = vec!["</end>".to_string()];
-        assert_eq!(split_stop("hello </e", 0, &stops), (6, None));
-        assert_eq!(
-            split_stop("hello </end> more", 0, &stops),
-            (6, Some((6, "</end>".into())))
-        );
-        assert_eq!(split_stop("plain", 0, &stops), (5, None));
-        assert_eq!(split_stop("abc", 0, &[]), (3, None));
-    }
 }

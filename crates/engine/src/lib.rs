@@ -8,6 +8,7 @@ pub mod generate;
 pub mod kv_snapshot;
 pub mod sampler;
 pub mod spec;
+pub mod stop;
 
 pub use context::Context;
 pub use error::{EngineError, Result};

@@ -1,4 +1,5 @@
-//! Stop strings over streamed text: what may be sent now, and where a stop string begins.
+//! Stop strings over streamed text (`strata run` and the server): what may be sent now, and
+//! where a stop string begins.
 //! Text that could still grow into a stop string is held back, so a client never sees the
 //! start of one.
 

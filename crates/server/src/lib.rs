@@ -15,7 +15,6 @@ pub mod routes;
 mod scheduler;
 mod slot;
 mod sse;
-pub mod stop;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -74,28 +74,15 @@ pub fn chat_tokens(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<u32>
         )
     };
     let mut inputs = ChatInputs::from_json(&serde_json::Value::from(list).to_string(), None)
-        .map_err(template_error)?;
+        .map_err(template_error)?
+        .with_special_texts(tok);
     inputs.add_generation_prompt = true;
-    let text_of = |id: Option<u32>| {
-        id.and_then(|i| tok.token_text(i))
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_default()
-    };
-    inputs.bos_token = text_of(tok.special().bos);
-    inputs.eos_token = text_of(tok.special().eos);
     let text = ChatTemplate::new(source)
         .map_err(|e| ApiError::internal(format!("the model's chat template: {e}")))?
         .render(&inputs)
         .map_err(template_error)?;
-    let mut ids = encode(tok, &text, true)?;
-    if let Some(bos) = tok.special().bos
-        && ids.len() >= 2
-        && ids[0] == bos
-        && ids[1] == bos
-    {
-        ids.remove(0);
-    }
-    Ok(ids)
+    strata_model::chat::encode_chat(tok, &text)
+        .map_err(|e| ApiError::invalid(format!("tokenizing the prompt: {e}"), None))
 }
 
 fn encode(tok: &Tokenizer, text: &str, parse_special: bool) -> Result<Vec<u32>, ApiError> {

@@ -12,7 +12,7 @@ use strata_model::tokenizer::{StreamDecoder, Tokenizer};
 use crate::engine_handle::{Event, Finished, Task, TokenLogprob};
 use crate::logprobs;
 use crate::metrics::Metrics;
-use crate::stop::split_stop;
+use strata_engine::stop::split_stop;
 
 pub struct Job<'t> {
     pub task: Task,

@@ -206,15 +206,7 @@ impl SamplingArgs {
 pub fn chat_tokens(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result<Vec<u32>> {
     let text = render_chat(tok, messages)?;
     tracing::debug!("chat prompt: {text:?}");
-    let mut ids = tok.encode(&text, true, true)?;
-    if let Some(bos) = tok.special().bos
-        && ids.len() >= 2
-        && ids[0] == bos
-        && ids[1] == bos
-    {
-        ids.remove(0);
-    }
-    Ok(ids)
+    Ok(strata_model::chat::encode_chat(tok, &text)?)
 }
 
 /// The conversation rendered by the model's `tokenizer.chat_template` with a generation
@@ -227,14 +219,8 @@ pub fn render_chat(tok: &Tokenizer, messages: &[(&str, &str)]) -> anyhow::Result
         .iter()
         .map(|(role, content)| serde_json::json!({"role": role, "content": content}))
         .collect();
-    let mut inputs = ChatInputs::from_json(&serde_json::Value::from(list).to_string(), None)?;
+    let mut inputs = ChatInputs::from_json(&serde_json::Value::from(list).to_string(), None)?
+        .with_special_texts(tok);
     inputs.add_generation_prompt = true;
-    let text_of = |id: Option<u32>| {
-        id.and_then(|i| tok.token_text(i))
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .unwrap_or_default()
-    };
-    inputs.bos_token = text_of(tok.special().bos);
-    inputs.eos_token = text_of(tok.special().eos);
     Ok(ChatTemplate::new(source)?.render(&inputs)?)
 }

@@ -19,6 +19,7 @@
 
 mod error;
 mod hf_env;
+mod prompt;
 mod pyjson;
 mod pyrepr;
 mod strftime;
@@ -27,6 +28,7 @@ use minijinja::Environment;
 use minijinja::value::Value;
 
 pub use error::ChatError;
+pub use prompt::encode_chat;
 pub use strftime::DateTime;
 
 /// The template name used in error messages.
