@@ -21,6 +21,8 @@ pub struct Context {
     scratch: Scratch,
     /// Every token whose K/V is in the cache, in order.
     pub(crate) tokens: Vec<u32>,
+    /// Most tokens one forward pass runs (`set_micro_batch`; at most the scratch's rows).
+    n_ubatch: u32,
     /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
     decode_graph: Option<Graph>,
     use_graphs: bool,
@@ -44,6 +46,7 @@ impl Context {
             dev,
             stream,
             kv,
+            n_ubatch: scratch.n_max,
             scratch,
             tokens: Vec::new(),
             decode_graph: None,
@@ -77,6 +80,16 @@ impl Context {
         if !on {
             self.decode_graph = None;
         }
+    }
+
+    /// Runs each batch as forward passes of at most `n` tokens (clamped to 4..=batch):
+    /// only that many rows of the scratch are ever written, which bounds the CPU
+    /// backend's resident memory (its buffers take pages as they are written). The CPU's
+    /// results do not change: a batch is split into pieces of at least 2 tokens, so every
+    /// piece keeps the batch's attention summation order (a 1-token pass sums as decode
+    /// does), and every other kernel computes each token's row on its own.
+    pub fn set_micro_batch(&mut self, n: u32) {
+        self.n_ubatch = n.clamp(4.min(self.scratch.n_max), self.scratch.n_max);
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -138,7 +151,8 @@ impl Context {
         }
         let mut out = Vec::new();
         let batch = self.scratch.n_max as usize;
-        for chunk in tokens.chunks(batch) {
+        let ubatch = (self.n_ubatch as usize).min(batch);
+        for chunk in tokens.chunks(batch).flat_map(|c| micro_batches(c, ubatch)) {
             let pos0 = self.tokens.len() as u32;
             if let Some(cache) = &self.experts {
                 let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -204,5 +218,39 @@ impl Context {
             dev.replay(graph, stream)?;
         }
         Ok(())
+    }
+}
+
+/// `batch` in `ceil(len / ubatch)` pieces of near-equal size: none is longer than
+/// `ubatch`, and for `ubatch >= 4` none of a batch of 2+ tokens is a single token.
+fn micro_batches(batch: &[u32], ubatch: usize) -> impl Iterator<Item = &[u32]> {
+    let pieces = batch.len().div_ceil(ubatch.max(1)).max(1);
+    let (base, extra) = (batch.len() / pieces, batch.len() % pieces);
+    (0..pieces).map(move |i| {
+        let start = i * base + i.min(extra);
+        &batch[start..start + base + usize::from(i < extra)]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_batches;
+
+    /// Pieces cover the batch in order, are at most `ubatch` long, and a batch of 2+
+    /// tokens never yields a 1-token piece (which would be summed as decode).
+    #[test]
+    fn micro_batches_split_without_single_tokens() {
+        for len in 1..300u32 {
+            let batch: Vec<u32> = (0..len).collect();
+            for ubatch in [4usize, 5, 7, 64, 128, 512] {
+                let pieces: Vec<&[u32]> = micro_batches(&batch, ubatch).collect();
+                assert_eq!(pieces.concat(), batch, "len {len} ubatch {ubatch}");
+                assert!(pieces.iter().all(|p| !p.is_empty() && p.len() <= ubatch));
+                assert!(len == 1 || pieces.iter().all(|p| p.len() >= 2));
+                if len as usize <= ubatch {
+                    assert_eq!(pieces.len(), 1);
+                }
+            }
+        }
     }
 }

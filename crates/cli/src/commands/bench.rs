@@ -126,6 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             loaded.n_ctx,
             model_args.batch,
         )?;
+        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_graphs(!args.no_graphs);
         experts::attach(&mut ctx, &loaded.experts);
         Ok(ctx)

@@ -31,6 +31,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.n_ctx,
         args.model.batch,
     )?;
+    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
     let mut turns: Vec<(String, String)> = Vec::new();
     if let Some(s) = &args.system {

@@ -27,8 +27,27 @@ pub struct ModelArgs {
     /// Most tokens fed per forward pass.
     #[arg(long = "batch", short = 'b', default_value_t = 512)]
     pub batch: u32,
+    /// Most tokens per forward pass within a batch (default: 128 on the CPU, whose
+    /// resident scratch grows with it; the whole batch elsewhere). Same results.
+    #[arg(long = "ubatch")]
+    pub ubatch: Option<u32>,
     #[command(flatten)]
     pub experts: super::experts::ExpertArgs,
+}
+
+/// The CPU's default micro-batch: 128 tokens of scratch (SmolLM2: 5 MB, the
+/// synthetic qwen3moe bench file: 9 MB; a full 512-token batch took 21 and 37 MB) cost
+/// prefill nothing measurable.
+const CPU_UBATCH: u32 = 128;
+
+impl ModelArgs {
+    /// The micro-batch of contexts on `dev`: `--ubatch`, else the backend's default.
+    pub fn micro_batch(&self, dev: &Device) -> u32 {
+        self.ubatch.unwrap_or(match dev.info().backend {
+            strata_core::BackendKind::Cpu => CPU_UBATCH,
+            _ => self.batch,
+        })
+    }
 }
 
 pub struct Loaded {

@@ -88,6 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             loaded.n_ctx,
             model_args.batch,
         )?;
+        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_expert_cache(Some(cache.clone()));
         let g = generate(&mut ctx, &loaded.tokenizer, &toks, &params, |_| true)?;
         tokens_seen += (toks.len() + g.tokens.len()) as u64;

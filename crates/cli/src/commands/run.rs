@@ -67,6 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.n_ctx,
         args.model.batch,
     )?;
+    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
     let params = GenerateParams {
         max_tokens: args.n_predict,
