@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use strata_core::{Device, Graph, Stream};
-use strata_model::{KvCache, LogitRows, Model, Scratch};
+use strata_model::{KvCache, KvFormat, LogitRows, Model, Scratch};
 
 use crate::error::{EngineError, Result};
 use crate::experts::{ExpertStats, SharedExpertCache};
@@ -32,13 +32,25 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context of `n_ctx` positions that feeds at most `n_batch` tokens per forward pass.
+    /// A context of `n_ctx` positions that feeds at most `n_batch` tokens per forward pass,
+    /// with an f16 K/V cache.
     pub fn new(model: Arc<Model>, dev: Device, n_ctx: u32, n_batch: u32) -> Result<Self> {
+        Self::with_kv(model, dev, n_ctx, n_batch, KvFormat::F16)
+    }
+
+    /// [`Context::new`] with the K/V cache in `format`.
+    pub fn with_kv(
+        model: Arc<Model>,
+        dev: Device,
+        n_ctx: u32,
+        n_batch: u32,
+        format: KvFormat,
+    ) -> Result<Self> {
         let stream = dev.create_stream()?;
-        let kv = KvCache::new(&dev, &model, n_ctx)?;
+        let kv = KvCache::with_format(&dev, &model, n_ctx, format)?;
         let scratch = Scratch::new(&dev, &model, n_batch.clamp(1, n_ctx.max(1)), 1)?;
         tracing::debug!(
-            "context: {n_ctx} positions, K/V {:.1} MiB",
+            "context: {n_ctx} positions, {format} K/V {:.1} MiB",
             kv.bytes() as f64 / (1 << 20) as f64
         );
         Ok(Context {
@@ -90,6 +102,11 @@ impl Context {
     /// does), and every other kernel computes each token's row on its own.
     pub fn set_micro_batch(&mut self, n: u32) {
         self.n_ubatch = n.clamp(4.min(self.scratch.n_max), self.scratch.n_max);
+    }
+
+    /// How the K/V cache stores its rows.
+    pub fn kv_format(&self) -> KvFormat {
+        self.kv.format
     }
 
     pub fn n_ctx(&self) -> usize {

@@ -5,33 +5,10 @@ use strata_core::{Device, DeviceBuffer, Stream};
 
 use crate::error::{ModelError, Result};
 use crate::hparams::QkNorm;
+pub use crate::kv::KvCache;
 use crate::model::{Attention, Ffn, Model};
 use crate::moe::{MoeIo, RoutedExperts};
 use crate::ops::Ops;
-
-/// The f16 K/V cache: per layer, `n_ctx` rows of `kv_dim` for K and for V.
-pub struct KvCache {
-    pub k: Vec<DeviceBuffer<u16>>,
-    pub v: Vec<DeviceBuffer<u16>>,
-    pub n_ctx: u32,
-}
-
-impl KvCache {
-    pub fn new(dev: &Device, model: &Model, n_ctx: u32) -> Result<Self> {
-        let rows = n_ctx as usize * model.hp.kv_dim() as usize;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        for _ in 0..model.hp.n_layer {
-            k.push(dev.alloc::<u16>(rows)?);
-            v.push(dev.alloc::<u16>(rows)?);
-        }
-        Ok(KvCache { k, v, n_ctx })
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|b| b.bytes()).sum()
-    }
-}
 
 /// Activations for up to `n_max` tokens at once.
 pub struct Scratch {
@@ -270,7 +247,6 @@ impl Model {
         n: u32,
         per_row: bool,
     ) -> Result<()> {
-        let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
         ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
         ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
@@ -296,36 +272,9 @@ impl Model {
         };
         ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
-        ops.kv_store(k, &s.v, &s.pos, k_cache, v_cache, h.kv_dim(), n, kv.n_ctx)?;
-        if per_row {
-            ops.attention_per_row(
-                q,
-                &s.pos,
-                k_cache,
-                v_cache,
-                &s.att,
-                n,
-                h.n_head,
-                h.n_head_kv,
-                h.head_dim,
-                kv.n_ctx,
-                h.attn_scale,
-            )?;
-        } else {
-            ops.attention(
-                q,
-                &s.pos,
-                k_cache,
-                v_cache,
-                &s.att,
-                n,
-                h.n_head,
-                h.n_head_kv,
-                h.head_dim,
-                kv.n_ctx,
-                h.attn_scale,
-            )?;
-        }
+        kv.store(ops, il, k, &s.v, &s.pos, h.kv_dim(), n)?;
+        let heads = (h.n_head, h.n_head_kv, h.head_dim);
+        kv.attend(ops, il, q, &s.pos, &s.att, n, heads, h.attn_scale, per_row)?;
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
         if let Some(b) = &a.bo {
             ops.add_rows(&s.tmp, b, n)?;

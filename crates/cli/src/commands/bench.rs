@@ -120,11 +120,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rng = strata_engine::sampler::Rng::new(42);
     let reps = args.reps.max(1);
     let new_context = || -> anyhow::Result<Context> {
-        let mut ctx = Context::new(
+        let mut ctx = Context::with_kv(
             loaded.model.clone(),
             loaded.dev.clone(),
             loaded.n_ctx,
             model_args.batch,
+            loaded.kv,
         )?;
         ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_graphs(!args.no_graphs);
@@ -225,6 +226,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prefill_tokens_per_s": pp,
             "decode_tokens": args.n_gen,
             "decode_tokens_per_s": tg,
+            "kv": loaded.kv.name(),
+            "n_ctx": loaded.n_ctx,
             "repetitions": reps,
             "graphs": !args.no_graphs,
             "weight_bytes_per_token": weight_bytes,
@@ -241,6 +244,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!(
             "backend: {} on {} ({threads} threads)",
             info.backend.name(),
+        println!("K/V: {} positions, {}", loaded.n_ctx, loaded.kv);
             info.name
         );
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);

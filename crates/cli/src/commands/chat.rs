@@ -25,11 +25,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = common::load(&args.model)?;
-    let mut ctx = Context::new(
+    let mut ctx = Context::with_kv(
         loaded.model.clone(),
         loaded.dev.clone(),
         loaded.n_ctx,
         args.model.batch,
+        loaded.kv,
     )?;
     ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);

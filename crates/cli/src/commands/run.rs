@@ -61,7 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         messages.push(("user", prompt.as_str()));
         common::chat_tokens(&loaded.tokenizer, &messages)?
     };
-    let mut ctx = Context::new(
+    let mut ctx = Context::with_kv(
         loaded.model.clone(),
         loaded.dev.clone(),
         loaded.n_ctx,
@@ -71,6 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     experts::attach(&mut ctx, &loaded.experts);
     let params = GenerateParams {
         max_tokens: args.n_predict,
+        loaded.kv,
         stop: args.stop.clone(),
         sampling: args.sampling.params(),
         ignore_eos: args.ignore_eos,
