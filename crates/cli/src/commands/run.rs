@@ -66,12 +66,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         loaded.dev.clone(),
         loaded.n_ctx,
         args.model.batch,
+        loaded.kv,
     )?;
     ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
     let params = GenerateParams {
         max_tokens: args.n_predict,
-        loaded.kv,
         stop: args.stop.clone(),
         sampling: args.sampling.params(),
         ignore_eos: args.ignore_eos,
