@@ -6,6 +6,7 @@ pub mod error;
 pub mod experts;
 pub mod generate;
 pub mod kv_snapshot;
+pub mod perplexity;
 pub mod sampler;
 pub mod spec;
 pub mod stop;
