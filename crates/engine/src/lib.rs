@@ -13,6 +13,8 @@ pub mod stop;
 
 pub use context::Context;
 pub use error::{EngineError, Result};
-pub use generate::{GenerateParams, Generation, StopReason, generate, generate_spec};
+pub use generate::{
+    GenerateParams, Generation, StopReason, generate, generate_spec, generate_with,
+};
 pub use kv_snapshot::KvSnapshot;
 pub use sampler::{Sampler, SamplingParams};

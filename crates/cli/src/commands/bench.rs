@@ -176,9 +176,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     |_| true,
                 )?;
                 if let Some(s) = g.spec {
-                    spec_stats.windows += s.windows;
-                    spec_stats.drafted += s.drafted;
-                    spec_stats.accepted += s.accepted;
+                    spec_stats.add(&s);
                 }
             } else {
                 for _ in 0..args.n_gen {

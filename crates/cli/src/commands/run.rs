@@ -4,7 +4,8 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context as _;
-use strata_engine::{Context, GenerateParams, generate_spec};
+use strata_engine::spec::SpecConfig;
+use strata_engine::{Context, GenerateParams, generate_with};
 
 use super::common::{self, ModelArgs, SamplingArgs};
 use super::experts;
@@ -37,9 +38,13 @@ pub struct Args {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Speculative decoding: verify up to K prompt-lookup drafts per forward pass (greedy
-    /// sampling only; the output is the same as without it). 0: off.
+    /// output is the same as without it; sampled output has the same distribution). 0: off.
     #[arg(long, default_value_t = 0)]
     pub spec: usize,
+    /// Verify every proposal of up to K drafts, even where drafts are rarely accepted
+    /// (default: back off and decode plainly where drafting does not pay).
+    #[arg(long)]
+    pub spec_fixed: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -78,12 +83,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         show_special: false,
     };
     let mut stdout = std::io::stdout().lock();
-    let g = generate_spec(
+    let spec = SpecConfig {
+        k: args.spec,
+        adaptive: !args.spec_fixed,
+    };
+    let g = generate_with(
         &mut ctx,
         &loaded.tokenizer,
         &tokens,
         &params,
-        args.spec,
+        &spec,
         None,
         |text| stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok(),
     )?;
@@ -102,8 +111,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if let Some(stats) = &g.spec {
         eprintln!("strata: {}", stats.summary());
-    } else if args.spec > 0 {
-        eprintln!("strata: --spec needs greedy sampling (--temp 0); decoded without it");
     }
     experts::report(&ctx);
     Ok(())
