@@ -24,11 +24,15 @@ pub struct Context {
     /// Most tokens one forward pass runs (`set_micro_batch`; at most the scratch's rows).
     n_ubatch: u32,
     /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
-    decode_graph: Option<Graph>,
+    pub(crate) decode_graph: Option<Graph>,
     use_graphs: bool,
     /// The expert cache that runs the routed experts, when they are not all on the device
     /// (a step then waits for the device at every MoE layer and is not captured).
-    experts: Option<SharedExpertCache>,
+    pub(crate) experts: Option<SharedExpertCache>,
+    /// Positions the context may hold; the K/V holds them all unless it is elastic.
+    pub(crate) max_ctx: u32,
+    /// Elastic K/V (`--kv-grow`, kv_grow.rs).
+    pub(crate) grow: Option<crate::kv_grow::KvGrowState>,
 }
 
 impl Context {
@@ -64,6 +68,8 @@ impl Context {
             decode_graph: None,
             use_graphs: true,
             experts: None,
+            max_ctx: n_ctx,
+            grow: None,
         })
     }
 
@@ -110,7 +116,7 @@ impl Context {
     }
 
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx as usize
+        self.max_ctx as usize
     }
 
     pub fn tokens(&self) -> &[u32] {
@@ -152,6 +158,7 @@ impl Context {
                 ctx: self.n_ctx(),
             });
         }
+        self.ensure_kv(needed)?;
         let vocab = self.model.hp.n_vocab as usize;
         let n_max = self.scratch.n_max;
         // Every row's logits: grow the scratch once, to a full batch for perplexity and

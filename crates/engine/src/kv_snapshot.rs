@@ -35,6 +35,8 @@ pub enum KvSnapshotError {
     },
     #[error("{n} positions do not fit a context of {n_ctx}")]
     OverContext { n: usize, n_ctx: usize },
+    #[error("growing the K/V for a snapshot: {0}")]
+    Grow(String),
     #[error("reading or writing a K/V snapshot: {0}")]
     Io(#[from] std::io::Error),
     #[error("not a K/V snapshot file: {0}")]
@@ -273,6 +275,11 @@ impl Context {
         // Forget the old positions first: a failed upload leaves an empty context, never
         // one whose tokens disagree with its K/V.
         self.tokens.clear();
+        // An elastic K/V grows to hold them (nothing to copy: the context is empty now).
+        self.ensure_kv(n).map_err(|e| match e {
+            crate::error::EngineError::Device(d) => KvSnapshotError::Device(d),
+            other => KvSnapshotError::Grow(other.to_string()),
+        })?;
         if n > 0 {
             for il in 0..layers {
                 self.dev

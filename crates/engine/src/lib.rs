@@ -5,6 +5,7 @@ pub mod context;
 pub mod error;
 pub mod experts;
 pub mod generate;
+pub mod kv_grow;
 pub mod kv_snapshot;
 pub mod perplexity;
 pub mod sampler;

@@ -13,6 +13,8 @@ use super::experts;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// Prompt tokens to prefill (0 skips).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
@@ -130,6 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_graphs(!args.no_graphs);
         experts::attach(&mut ctx, &loaded.experts);
+        args.kv_grow.apply(&mut ctx, model_args.experts.resident)?;
         Ok(ctx)
     };
     // Warm-up (as llama-bench does): kernel compilation and the decode graph's capture
@@ -224,10 +227,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prefill_tokens_per_s": pp,
             "decode_tokens": args.n_gen,
             "decode_tokens_per_s": tg,
-            "kv": loaded.kv.name(),
-            "n_ctx": loaded.n_ctx,
             "repetitions": reps,
             "graphs": !args.no_graphs,
+            "kv": loaded.kv.name(),
+            "n_ctx": loaded.n_ctx,
             "weight_bytes_per_token": weight_bytes,
             "device_copy_bytes_per_s": bandwidth,
             "decode_roofline_fraction": roofline,
@@ -242,9 +245,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!(
             "backend: {} on {} ({threads} threads)",
             info.backend.name(),
-        println!("K/V: {} positions, {}", loaded.n_ctx, loaded.kv);
             info.name
         );
+        println!("K/V: {} positions, {}", loaded.n_ctx, loaded.kv);
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
         println!(

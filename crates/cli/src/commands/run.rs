@@ -16,6 +16,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// The prompt.
     #[arg(short = 'p', long, conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -75,6 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
+    args.kv_grow.apply(&mut ctx, args.model.experts.resident)?;
     let params = GenerateParams {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),
@@ -112,6 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(stats) = &g.spec {
         eprintln!("strata: {}", stats.summary());
     }
+    ctx.trim_kv()?;
     experts::report(&ctx);
     Ok(())
 }
