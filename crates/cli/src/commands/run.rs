@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context as _;
-use strata_engine::spec::SpecConfig;
+use strata_engine::spec::{DraftModel, Drafter, SpecConfig};
 use strata_engine::{Context, GenerateParams, generate_with};
 
 use super::common::{self, ModelArgs, SamplingArgs};
@@ -47,6 +47,10 @@ pub struct Args {
     /// (default: back off and decode plainly where drafting does not pay).
     #[arg(long)]
     pub spec_fixed: bool,
+    /// Draft with this small GGUF model (the same vocabulary; it decodes greedily in a
+    /// context of its own on the same device) instead of prompt lookup; needs --spec K.
+    #[arg(long)]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -85,6 +89,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         show_special: false,
     };
+    let mut draft = match &args.draft_model {
+        Some(path) => Some(load_draft(path, &loaded, &args)?),
+        None => None,
+    };
     let mut stdout = std::io::stdout().lock();
     let spec = SpecConfig {
         k: args.spec,
@@ -96,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &tokens,
         &params,
         &spec,
-        None,
+        draft.as_mut().map(|d| d as &mut dyn Drafter),
         |text| stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok(),
     )?;
     if stdout.is_terminal() {
@@ -118,4 +126,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ctx.trim_kv()?;
     experts::report(&ctx);
     Ok(())
+}
+
+/// The draft model of `--draft-model`, in a context as long as the target's.
+fn load_draft(
+    path: &std::path::Path,
+    loaded: &common::Loaded,
+    args: &Args,
+) -> anyhow::Result<DraftModel> {
+    if args.spec == 0 {
+        anyhow::bail!("--draft-model drafts for speculative decoding: give --spec K too");
+    }
+    let gguf = std::sync::Arc::new(
+        strata_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?,
+    );
+    let model = strata_model::Model::load(&loaded.dev, loaded.dev.main_stream(), gguf, |_, _| {})
+        .with_context(|| format!("loading the draft model {}", path.display()))?;
+    let ctx = Context::new(
+        std::sync::Arc::new(model),
+        loaded.dev.clone(),
+        loaded.n_ctx,
+        args.model.batch,
+    )?;
+    Ok(DraftModel::new(ctx, &loaded.model)?)
 }

@@ -9,9 +9,11 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Pseudo-counts of the prior (acceptance `PRIOR_ACCEPT`, weight `PRIOR_WEIGHT` trials):
-/// optimistic enough that a fresh class gets tried, weak enough that two failed windows
-/// turn it off.
+/// Pseudo-counts of the prior of the pooled estimate (every class together): acceptance
+/// `PRIOR_ACCEPT` over `PRIOR_WEIGHT` trials, optimistic enough that drafting gets tried,
+/// weak enough that two failed windows turn it off. A class's own estimate starts from
+/// the pooled one with the same weight, so after failures elsewhere a fresh class starts
+/// pessimistic, and during a long copy an unseen match length starts optimistic.
 const PRIOR_ACCEPT: f64 = 0.6;
 const PRIOR_WEIGHT: f64 = 2.0;
 /// Each new window of a class first scales its counts by this: the estimate follows the
@@ -34,14 +36,25 @@ struct ClassStats {
 }
 
 impl ClassStats {
-    fn rate(&self) -> f64 {
-        (self.accepted + PRIOR_ACCEPT * PRIOR_WEIGHT) / (self.trials + PRIOR_WEIGHT)
+    /// The acceptance estimate, shrunk towards `prior`.
+    fn rate(&self, prior: f64) -> f64 {
+        (self.accepted + prior * PRIOR_WEIGHT) / (self.trials + PRIOR_WEIGHT)
+    }
+
+    fn record(&mut self, drafted: usize, accepted: usize) {
+        self.accepted *= DECAY;
+        self.trials *= DECAY;
+        // Draft i was tried only when every one before it was accepted.
+        self.accepted += accepted as f64;
+        self.trials += (accepted + usize::from(accepted < drafted)) as f64;
     }
 }
 
 #[derive(Clone, Debug, Default)]
 pub struct BackOff {
     classes: Vec<ClassStats>,
+    /// Every class's windows together.
+    pooled: ClassStats,
     /// Recent plain one-token steps, seconds.
     step_s: Timings,
     /// Recent windows' extra time per draft row (drafting included), seconds.
@@ -77,7 +90,9 @@ impl BackOff {
 
     /// The chance that a draft of `class` is accepted after its predecessors were.
     pub fn acceptance(&self, class: usize) -> f64 {
-        self.classes.get(class).copied().unwrap_or_default().rate()
+        let pooled = self.pooled.rate(PRIOR_ACCEPT);
+        let class = self.classes.get(class).copied().unwrap_or_default();
+        class.rate(pooled)
     }
 
     /// A draft row's cost relative to a plain step (at most one step: the rows could
@@ -87,6 +102,14 @@ impl BackOff {
             (Some(step), Some(row)) if step > 0.0 => (row / step).min(1.0),
             _ => PRIOR_ROW_COST,
         }
+    }
+
+    /// [`BackOff::row_cost`] once both costs were measured.
+    pub fn measured_row_cost(&self) -> Option<f64> {
+        self.row_s
+            .median()
+            .and(self.step_s.median())
+            .map(|_| self.row_cost())
     }
 
     /// How many of `available` drafts of `class` to verify (0: decode plainly).
@@ -121,11 +144,12 @@ impl BackOff {
     /// now (a drafter that pays per drafted token, like a draft model, is asked for no
     /// more), 0 when none could pay, except for a probe now and then.
     pub fn ask(&mut self, k: usize) -> usize {
+        let pooled = self.pooled.rate(PRIOR_ACCEPT);
         let best = self
             .classes
             .iter()
-            .map(ClassStats::rate)
-            .fold(PRIOR_ACCEPT, f64::max);
+            .map(|c| c.rate(pooled))
+            .fold(pooled, f64::max);
         let n = best_draft(best, self.row_cost(), k);
         if n == 0 && k > 0 && self.count_decline() {
             self.probe = true;
@@ -140,12 +164,8 @@ impl BackOff {
         if self.classes.len() <= class {
             self.classes.resize(class + 1, ClassStats::default());
         }
-        let c = &mut self.classes[class];
-        c.accepted *= DECAY;
-        c.trials *= DECAY;
-        // Draft i was tried only when every one before it was accepted.
-        c.accepted += accepted as f64;
-        c.trials += (accepted + usize::from(accepted < drafted)) as f64;
+        self.classes[class].record(drafted, accepted);
+        self.pooled.record(drafted, accepted);
     }
 
     /// A plain step took `t`.
@@ -211,6 +231,8 @@ mod tests {
             b.record_window(1, 4, 0);
         }
         assert_eq!(b.drafts_for(1, 4), 0);
+        // A class not seen yet starts from the pooled estimate: off too.
+        assert_eq!(b.drafts_for(2, 4), 0);
         for _ in 0..3 {
             b.record_window(5, 4, 4);
         }

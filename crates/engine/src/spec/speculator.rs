@@ -106,7 +106,7 @@ impl<'d> Speculator<'d> {
         self.stats.windows += 1;
         self.stats.drafted += drafts.len();
         self.stats.accepted += accepted;
-        self.stats.row_cost = self.policy.row_cost();
+        self.stats.row_cost = self.policy.measured_row_cost();
         Ok(Step::Tokens(tokens))
     }
 }

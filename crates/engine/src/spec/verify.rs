@@ -62,8 +62,8 @@ pub struct SpecStats {
     /// Proposals the back-off policy did not verify (drafts of their kind were rarely
     /// accepted lately).
     pub declined: usize,
-    /// The back-off policy's last estimate of a draft row's cost, in plain steps.
-    pub row_cost: f64,
+    /// The back-off policy's last measure of a draft row's cost, in plain steps.
+    pub row_cost: Option<f64>,
 }
 
 impl SpecStats {
@@ -89,13 +89,13 @@ impl SpecStats {
         self.drafted += other.drafted;
         self.accepted += other.accepted;
         self.declined += other.declined;
-        self.row_cost = other.row_cost;
+        self.row_cost = other.row_cost.or(self.row_cost);
     }
 
     /// One line for stderr.
     pub fn summary(&self) -> String {
         format!(
-            "spec: {} windows, {:.2} accepted tokens/window, acceptance {:.1}% ({}/{} drafts), {} proposals declined, a draft row costs {:.2} steps",
+            "spec: {} windows, {:.2} accepted tokens/window, acceptance {:.1}% ({}/{} drafts), {} proposals declined{}",
             self.windows,
             self.accepted_per_window(),
             100.0 * self.acceptance_rate(),
@@ -103,6 +103,8 @@ impl SpecStats {
             self.drafted,
             self.declined,
             self.row_cost
+                .map(|c| format!(", a draft row costs {c:.2} steps"))
+                .unwrap_or_default()
         )
     }
 }
