@@ -26,6 +26,9 @@ const TIMINGS: usize = 9;
 /// After this many declined proposals in a row, verify one draft anyway: the estimates of
 /// a declined class or of the row cost (one slow window on a busy machine) get refreshed.
 const PROBE_EVERY: usize = 32;
+/// A plain step is timed after this many windows in a row (the step cost drifts as the
+/// context grows; with every draft accepted no plain step would run otherwise).
+const STEP_EVERY: usize = 64;
 /// Drafting must promise this much more than a plain step (noise in the estimates).
 const MARGIN: f64 = 1.02;
 
@@ -63,6 +66,11 @@ pub struct BackOff {
     declined: usize,
     /// The next proposal is verified whatever the estimates say.
     probe: bool,
+    /// Windows since the last plain step.
+    windows_in_a_row: usize,
+    /// Whether a window was timed yet (the first one is not: it also grows the logits
+    /// scratch to a window's rows).
+    warmed_up: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -164,12 +172,20 @@ impl BackOff {
         if self.classes.len() <= class {
             self.classes.resize(class + 1, ClassStats::default());
         }
+        self.windows_in_a_row += 1;
         self.classes[class].record(drafted, accepted);
         self.pooled.record(drafted, accepted);
     }
 
+    /// Whether the next step should be a plain one, to time it: none was timed yet (the
+    /// cost of a row is relative to it), or not for a long time.
+    pub fn wants_plain_step(&self) -> bool {
+        self.step_s.0.is_empty() || self.windows_in_a_row >= STEP_EVERY
+    }
+
     /// A plain step took `t`.
     pub fn record_step(&mut self, t: Duration) {
+        self.windows_in_a_row = 0;
         self.step_s.push(t.as_secs_f64());
     }
 
@@ -178,7 +194,7 @@ impl BackOff {
         let Some(step) = self.step_s.median() else {
             return;
         };
-        if drafted == 0 {
+        if drafted == 0 || !std::mem::replace(&mut self.warmed_up, true) {
             return;
         }
         let extra = ((t.as_secs_f64() - step) / drafted as f64).max(0.0);
@@ -223,7 +239,11 @@ mod tests {
     #[test]
     fn failed_windows_turn_a_class_off_and_others_stay_on() {
         let mut b = BackOff::new();
+        assert!(b.wants_plain_step(), "the step cost is measured first");
         b.record_step(Duration::from_millis(10));
+        assert!(!b.wants_plain_step());
+        b.record_window_time(4, Duration::from_millis(300));
+        assert_eq!(b.measured_row_cost(), None, "the first window is a warm-up");
         b.record_window_time(4, Duration::from_millis(30));
         assert!((b.row_cost() - 0.5).abs() < 1e-9);
         assert!(b.drafts_for(1, 4) > 0, "a fresh class is tried");
@@ -241,5 +261,10 @@ mod tests {
         // A declined class is probed with one draft now and then.
         let probes = (0..3 * PROBE_EVERY).filter(|_| b.decide(1, 4) > 0).count();
         assert_eq!(probes, 3);
+        // A long run of windows gets a plain step timed again.
+        for _ in 0..STEP_EVERY {
+            b.record_window(5, 4, 4);
+        }
+        assert!(b.wants_plain_step());
     }
 }

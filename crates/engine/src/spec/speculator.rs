@@ -66,10 +66,12 @@ impl<'d> Speculator<'d> {
         let t0 = Instant::now();
         let last = history.last().copied().unwrap_or(0);
         let k = room.min(self.config.k);
-        let ask = if self.config.adaptive {
-            self.policy.ask(k)
-        } else {
+        let ask = if !self.config.adaptive {
             k
+        } else if self.policy.wants_plain_step() {
+            0
+        } else {
+            self.policy.ask(k)
         };
         let mut drafts = if ask > 0 {
             self.drafter.propose(history, ask)?
