@@ -3,7 +3,8 @@
 //! without come from the same distribution by a chi-square test of homogeneity at
 //! p = 0.001, with the sampler's transforms all on (temperature, top-k, top-p, min-p,
 //! repetition and presence penalties, which see the accepted drafts). The test has power:
-//! the same windows with a wrong acceptance rule (every draft accepted) are rejected.
+//! the same windows with a wrong rule are rejected (every draft accepted; or a rejected
+//! draft replaced by a draw from p instead of the residual).
 //!
 //! The chi-square quantile is computed here (regularised incomplete gamma function,
 //! series and continued fraction) and checked against published table values.
@@ -281,16 +282,28 @@ fn first_triples(
     (counts, drafted, accepted)
 }
 
-/// The same windows with every draft accepted (a wrong rule), written out by hand: the
-/// first token plainly sampled, then one window of 2 greedy drafts, all accepted.
-fn first_triples_always_accepting(
+/// A wrong acceptance rule, for the test's power.
+#[derive(Clone, Copy, Debug)]
+enum WrongRule {
+    /// Every draft accepted.
+    AlwaysAccept,
+    /// Accepted with p(draft), but a rejected draft replaced by a draw from p itself
+    /// instead of the residual (p without the draft).
+    ResampleFromP,
+}
+
+/// The first 3 tokens under a wrong rule, the window written out by hand: the first token
+/// plainly sampled, then one window of 2 greedy drafts from the draft model.
+fn first_triples_wrong(
     model: &Arc<Model>,
     dev: &Device,
     seed0: u64,
+    rule: WrongRule,
 ) -> BTreeMap<Vec<u32>, usize> {
     let mut ctx = Context::new(model.clone(), dev.clone(), 64, 16).unwrap();
     let draft_ctx = Context::new(model.clone(), dev.clone(), 64, 16).unwrap();
     let mut drafter = DraftModel::new(draft_ctx, model).unwrap();
+    let vocab = model.hp.n_vocab as usize;
     let mut counts = BTreeMap::new();
     for i in 0..SAMPLES {
         ctx.truncate(0);
@@ -301,7 +314,32 @@ fn first_triples_always_accepting(
         history.push(first);
         let drafts = drafter.propose(&history, 2).unwrap();
         let mut triple = vec![first];
-        triple.extend_from_slice(&drafts);
+        match rule {
+            WrongRule::AlwaysAccept => triple.extend_from_slice(&drafts),
+            WrongRule::ResampleFromP => {
+                let mut window = vec![first];
+                window.extend_from_slice(&drafts);
+                let rows = ctx.eval_verify(&window).unwrap();
+                for (row, &d) in rows.chunks_exact(vocab).zip(&drafts) {
+                    let dist = sampler.distribution(row, &history);
+                    if sampler.uniform() < dist.prob(d) {
+                        triple.push(d);
+                        history.push(d);
+                    } else {
+                        triple.push(sampler.draw(&dist));
+                        break;
+                    }
+                }
+                if triple.len() < 3 {
+                    // The third token follows the replacement: a plain step.
+                    let last = triple[triple.len() - 1];
+                    ctx.truncate(PROMPT.len() + 1);
+                    let logits = ctx.eval(&[last]).unwrap();
+                    history.push(last);
+                    triple.push(sampler.sample(&logits, &history));
+                }
+            }
+        }
         *counts.entry(triple).or_insert(0) += 1;
     }
     counts
@@ -334,14 +372,19 @@ fn speculative_sampling_keeps_the_distribution_of_the_first_tokens() {
         "speculative sampling changed the distribution"
     );
 
-    let wrong = first_triples_always_accepting(&model, &dev, 3_000_000);
-    let bad = homogeneity(&plain, &wrong);
-    eprintln!(
-        "plain vs always-accept: chi2 {:.1}, df {}, critical {:.1}",
-        bad.statistic, bad.df, bad.critical
-    );
-    assert!(
-        bad.rejects(),
-        "the test cannot tell a wrong acceptance rule"
-    );
+    for (rule, seed) in [
+        (WrongRule::AlwaysAccept, 3_000_000),
+        (WrongRule::ResampleFromP, 4_000_000),
+    ] {
+        let wrong = first_triples_wrong(&model, &dev, seed, rule);
+        let bad = homogeneity(&plain, &wrong);
+        eprintln!(
+            "plain vs {rule:?}: chi2 {:.1}, df {}, critical {:.1}",
+            bad.statistic, bad.df, bad.critical
+        );
+        assert!(
+            bad.rejects(),
+            "the test cannot tell the wrong rule {rule:?}"
+        );
+    }
 }
