@@ -19,7 +19,8 @@ use strata_model::{KvFormat, Model};
 /// The whole text at 128 tokens a chunk: 10 chunks, 630 scored tokens. Fewer are too
 /// noisy for the 1% bound on this small model: after 3 chunks int8 is 1.1% below f16 (as
 /// llama.cpp's f16 with and without flash attention are 0.9% apart there); over the text,
-/// 0.14% (llama.cpp's q8_0 K/V: 0.09%). About 30 s on 2 busy cores.
+/// +0.09% (llama.cpp's q8_0 K/V: -0.09%; the int8 kernel's summation order alone moves it
+/// by 0.2%). 30-60 s on 2 busy cores.
 const CHUNKS: usize = 10;
 const CTX: usize = 128;
 

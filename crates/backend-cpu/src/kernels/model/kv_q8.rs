@@ -131,10 +131,16 @@ fn run_head(s: &Shape<'_>, t: usize, h: usize, span: usize, out: &mut [f32]) {
             let mut dot = 0.0f32;
             for (qb, words) in q.chunks_exact(QK).zip(row.chunks_exact(BLOCK_WORDS)) {
                 let (d, kq) = block(words);
-                let mut part = 0.0f32;
-                for (x, &y) in qb.iter().zip(&kq) {
-                    part += x * y as f32;
+                // Eight running sums (lane i takes values i, i + 8, ...), added pairwise at
+                // the end: a shape the compiler turns into one vector.
+                let mut lanes = [0.0f32; 8];
+                for (xs, ys) in qb.chunks_exact(8).zip(kq.chunks_exact(8)) {
+                    for ((l, x), &y) in lanes.iter_mut().zip(xs).zip(ys) {
+                        *l += x * y as f32;
+                    }
                 }
+                let part = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+                    + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
                 dot += d * part;
             }
             sc.push(dot * s.scale);
