@@ -338,11 +338,69 @@ mod x86 {
         r
     }
 
+    /// `weighted_sum` for long spans (a batch): slot `k` (lane `k % 16` of accumulator
+    /// `k / 16`) takes terms `k, k + step, ...`, each slot in registers over blocks of 32
+    /// outputs (4 FMAs per broadcast probability), into `acc`, then the lane tree.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weighted_sum_blocks(
+        order: SumOrder,
+        p: &[f32],
+        values: CacheRows<'_>,
+        acc: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let n = values.len;
+        if !n.is_multiple_of(8) || out.len() != n {
+            return weighted_sum_body(order, p, values, acc, out);
+        }
+        let step = order.groups() * LANES;
+        acc.clear();
+        acc.resize(step * n, 0.0);
+        for d0 in (0..n).step_by(32) {
+            let width = (n - d0).min(32) / 8;
+            for k in 0..step.min(p.len()) {
+                let mut r = [_mm256_setzero_ps(); 4];
+                for j in (k..p.len()).step_by(step) {
+                    let w = _mm256_set1_ps(p[j]);
+                    let v = values.row(j)[d0..].as_ptr();
+                    for (c, rc) in r[..width].iter_mut().enumerate() {
+                        // SAFETY: d0 + 8c + 8 <= n, the row's length.
+                        *rc = unsafe { _mm256_fmadd_ps(w, load_f16(v.add(8 * c)), *rc) };
+                    }
+                }
+                let a = acc[k * n + d0..].as_mut_ptr();
+                for (c, rc) in r[..width].iter().enumerate() {
+                    // SAFETY: k * n + d0 + 8c + 8 <= step * n, acc's length.
+                    unsafe { _mm256_storeu_ps(a.add(8 * c), *rc) };
+                }
+            }
+        }
+        let a = acc.as_ptr();
+        // SAFETY: slot k's outputs d..d + 8 lie inside acc (k < step, d + 8 <= n).
+        let lane = |k: usize, d: usize| unsafe { load(a.add(k * n + d)) };
+        for d in (0..n).step_by(8) {
+            let x: [__m256; LANES] = match order {
+                SumOrder::Batch => std::array::from_fn(|l| lane(l, d)),
+                SumOrder::Single => std::array::from_fn(|l| {
+                    let x0 = _mm256_add_ps(lane(l, d), lane(2 * LANES + l, d));
+                    let x1 = _mm256_add_ps(lane(LANES + l, d), lane(3 * LANES + l, d));
+                    _mm256_add_ps(x0, x1)
+                }),
+            };
+            let t3: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(x[i + 8], x[i]));
+            let t6: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t3[i + 4], t3[i]));
+            let sum = _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]));
+            // SAFETY: d + 8 <= n == out.len().
+            unsafe { _mm256_storeu_ps(out[d..].as_mut_ptr(), sum) };
+        }
+    }
+
     /// `super::weighted_sum`. Slot `k` (lane `k % 16` of accumulator `k / 16`) takes
-    /// terms `k, k + step, ...`; for each block of 8 outputs every slot is summed in a
-    /// register and the slots go straight into the lane tree (no slot-by-output scratch:
-    /// zeroing, writing and re-reading 64 x head_dim floats per head dominated short
-    /// decode spans). The same operations in the same order as before, hence the same bits.
+    /// terms `k, k + step, ...`. A batch's spans are long: [`weighted_sum_blocks`]. A
+    /// decode step (64 slots, short spans): for each block of 8 outputs every slot is
+    /// summed in a register and the slots go straight into the lane tree (zeroing, writing
+    /// and re-reading a 64 x head_dim scratch per head dominated short decode spans). The
+    /// same operations in the same order either way, hence the same bits.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum(
         order: SumOrder,
@@ -354,6 +412,10 @@ mod x86 {
         let n = values.len;
         if !n.is_multiple_of(8) || out.len() != n {
             return weighted_sum_body(order, p, values, acc, out);
+        }
+        if order == SumOrder::Batch {
+            // SAFETY: the same contract.
+            return unsafe { weighted_sum_blocks(order, p, values, acc, out) };
         }
         let step = order.groups() * LANES;
         if let Some(last) = p.len().checked_sub(1) {
