@@ -16,6 +16,7 @@ moe=${TMPDIR:-/tmp}/strata-bench-qwen3moe-q4k.gguf
 [ -s "$moe" ] || $strata synth --arch qwen3moe --layers 8 --hidden 1024 --heads 16 --kv-heads 4 \
   --experts 32 --experts-used 4 --expert-ffn 512 --quant Q4_K --seed 7 -o "$moe" >&2
 json() { python3 -c "import json,sys; print($1)" "$2"; }
+load_before=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || true)
 printf '| model | engine | pp%s tok/s | tg%s tok/s | peak RSS MB (budget) |\n|---|---|---|---|---|\n' "$pp" "$tg"
 for m in "$smollm2" "$moe"; do
   name=$(basename "$m")
@@ -46,3 +47,7 @@ print(round((os.path.getsize(sys.argv[1]) + kv) * 1.1 / 1e6))' "$m" "$((pp + tg)
     "$spp" "$(python3 -c "print($spp/$lpp)")" "$stg" "$(python3 -c "print($stg/$ltg)")" \
     "$((rss_kb / 1000))" "$budget"
 done
+# Other processes on the same cores change both engines' figures (llama.cpp's OpenMP threads
+# most): say how busy the machine was.
+printf '\n(%s threads; load average before: %s, after: %s)\n' "$threads" "$load_before" \
+  "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || true)"
