@@ -115,13 +115,25 @@ __device__ void mv_quant_unit(MvShared& sh, const MmUnit& u, uint64_t& staged_ke
         if (wrows[rr] && lane == 0) u.y[u.r0 + (uint32_t)(rr * nwarps + warp)] = out[rr];
 }
 
+// Float weights: matmul.cuh's mm_float_unit over the unit's MV_ROWS rows a warp (it takes
+// MM_ROWS a warp), so each row is computed as the tiled kernel computes it.
+template <int T>
+__device__ void mv_float_unit(const MmUnit& u) {
+    const uint32_t nwarps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
+    MmUnit part = u;
+    for (int h = 0; h < MV_ROWS / MM_ROWS; h++) {
+        part.r0 = u.r0 + (uint32_t)h * MM_ROWS * nwarps;
+        mm_float_unit<T>(part);
+    }
+}
+
 // One unit (a single activation row: u.tn == 1, no gathered rows) with the code for `type`.
 __device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUnit& u,
                                         uint64_t& staged_key) {
     switch (type) {
-        case T_F32: mm_float_unit<T_F32>(u); break;
-        case T_F16: mm_float_unit<T_F16>(u); break;
-        case T_BF16: mm_float_unit<T_BF16>(u); break;
+        case T_F32: mv_float_unit<T_F32>(u); break;
+        case T_F16: mv_float_unit<T_F16>(u); break;
+        case T_BF16: mv_float_unit<T_BF16>(u); break;
 #define MV_CASE(id, F) \
     case id: mv_quant_unit<F>(sh, u, staged_key); break;
         QUANT_FORMATS(MV_CASE)

@@ -689,3 +689,21 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
+
+// ---- the int8 K/V cache (kv_q8.cuh: kv_store_q8, attention_q8) ------------------------------
+#include "kv_q8.cuh"
+
+extern "C" __global__ void kv_store_q8(const float* k, const float* v, const int32_t* pos,
+                                       uint16_t* k_cache, uint16_t* v_cache, uint32_t kv_dim,
+                                       uint32_t n_tokens, uint32_t n_ctx) {
+    kv_store_q8_body(k, v, pos, k_cache, v_cache, kv_dim, n_tokens, n_ctx);
+}
+
+extern "C" __global__ void attention_q8(const float* q, const int32_t* pos,
+                                        const uint16_t* k_cache, const uint16_t* v_cache,
+                                        float* out, uint32_t n_tokens, uint32_t n_head,
+                                        uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx,
+                                        float scale) {
+    attention_q8_body(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head, head_dim,
+                      n_ctx, scale);
+}

@@ -110,6 +110,24 @@ impl Shared {
             .ok_or_else(|| driver("buffer", format!("unknown buffer #{}", b.0)))
     }
 
+    /// `src` copied to huge pages (see `CpuOptions::huge_pages`) when it is big enough
+    /// and fits in half of the device's memory; the borrowed file pages are then dropped
+    /// from the resident set. The copy counts as allocated memory.
+    fn huge_copy(&self, src: &[u8]) -> Option<AlignedBytes> {
+        const FROM: usize = 2 << 20;
+        let used = self.allocated.load(Ordering::Relaxed);
+        if !self.opts.huge_pages
+            || src.len() < FROM
+            || used.saturating_add(src.len()) > self.total_memory / 2
+        {
+            return None;
+        }
+        let copy = AlignedBytes::huge_copy(src)?;
+        self.allocated.fetch_add(src.len(), Ordering::Relaxed);
+        crate::memory::release_file_pages(src);
+        Some(copy)
+    }
+
     fn fail(&self, msg: String) {
         tracing::error!("cpu backend: {msg}");
         lock(&self.failures).push(msg);
@@ -417,14 +435,21 @@ impl Backend for CpuBackend {
     }
 
     unsafe fn import_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawBuffer>> {
-        // Device memory is host memory: borrow it. Core refuses every write to it, so the
-        // shared bytes are never mutated through this buffer.
+        // Device memory is host memory: borrow it, or copy big blocks to huge pages. Core
+        // refuses every write to it, so the shared bytes are never mutated through this
+        // buffer.
+        // SAFETY: core guarantees len readable bytes at ptr, alive and unchanged while
+        // the buffer exists.
+        let data = self
+            .sh
+            .huge_copy(unsafe { std::slice::from_raw_parts(ptr, len) })
+            .unwrap_or_else(|| AlignedBytes::borrowed(ptr, len));
         let id = self.sh.id();
         lock(&self.sh.buffers).insert(
             id,
             Arc::new(CpuBuffer {
                 id,
-                data: std::sync::RwLock::new(AlignedBytes::borrowed(ptr, len)),
+                data: std::sync::RwLock::new(data),
                 log: Mutex::new(AccessLog::default()),
             }),
         );

@@ -38,6 +38,8 @@ enum Command {
     Synth(commands::synth::Args),
     /// Routing counts per (layer, expert) over a file of prompts, for --profile.
     Profile(commands::profile::Args),
+    /// Perplexity of the model on a text (as llama-perplexity computes it).
+    Perplexity(commands::perplexity::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,6 +62,7 @@ fn main() -> std::process::ExitCode {
         Command::Synth(args) => commands::synth::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Profile(args) => commands::profile::run(args),
+        Command::Perplexity(args) => commands::perplexity::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

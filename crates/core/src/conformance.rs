@@ -4,6 +4,9 @@
 
 use crate::{Args, Device, Error, KernelId, LaunchCfg, Result};
 
+mod kv_q8;
+pub use kv_q8::int8_kv_cache;
+
 const BLOCK: u32 = 256;
 
 fn fill(dev: &Device, buf: &crate::DeviceBuffer<u32>, value: u32, s: crate::Stream) -> Result<()> {
@@ -397,7 +400,8 @@ macro_rules! conformance_tests {
             many_streams_stress,
             out_of_memory_is_an_error,
             imported_host_memory_is_read_only,
-            table_experiment_through_device_api
+            table_experiment_through_device_api,
+            int8_kv_cache
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use strata_core::{Device, Graph, Stream};
-use strata_model::{KvCache, LogitRows, Model, Scratch};
+use strata_model::{KvCache, KvFormat, LogitRows, Model, Scratch};
 
 use crate::error::{EngineError, Result};
 use crate::experts::{ExpertStats, SharedExpertCache};
@@ -21,22 +21,40 @@ pub struct Context {
     scratch: Scratch,
     /// Every token whose K/V is in the cache, in order.
     pub(crate) tokens: Vec<u32>,
+    /// Most tokens one forward pass runs (`set_micro_batch`; at most the scratch's rows).
+    n_ubatch: u32,
     /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
-    decode_graph: Option<Graph>,
+    pub(crate) decode_graph: Option<Graph>,
     use_graphs: bool,
     /// The expert cache that runs the routed experts, when they are not all on the device
     /// (a step then waits for the device at every MoE layer and is not captured).
-    experts: Option<SharedExpertCache>,
+    pub(crate) experts: Option<SharedExpertCache>,
+    /// Positions the context may hold; the K/V holds them all unless it is elastic.
+    pub(crate) max_ctx: u32,
+    /// Elastic K/V (`--kv-grow`, kv_grow.rs).
+    pub(crate) grow: Option<crate::kv_grow::KvGrowState>,
 }
 
 impl Context {
-    /// A context of `n_ctx` positions that feeds at most `n_batch` tokens per forward pass.
+    /// A context of `n_ctx` positions that feeds at most `n_batch` tokens per forward pass,
+    /// with an f16 K/V cache.
     pub fn new(model: Arc<Model>, dev: Device, n_ctx: u32, n_batch: u32) -> Result<Self> {
+        Self::with_kv(model, dev, n_ctx, n_batch, KvFormat::F16)
+    }
+
+    /// [`Context::new`] with the K/V cache in `format`.
+    pub fn with_kv(
+        model: Arc<Model>,
+        dev: Device,
+        n_ctx: u32,
+        n_batch: u32,
+        format: KvFormat,
+    ) -> Result<Self> {
         let stream = dev.create_stream()?;
-        let kv = KvCache::new(&dev, &model, n_ctx)?;
+        let kv = KvCache::with_format(&dev, &model, n_ctx, format)?;
         let scratch = Scratch::new(&dev, &model, n_batch.clamp(1, n_ctx.max(1)), 1)?;
         tracing::debug!(
-            "context: {n_ctx} positions, K/V {:.1} MiB",
+            "context: {n_ctx} positions, {format} K/V {:.1} MiB",
             kv.bytes() as f64 / (1 << 20) as f64
         );
         Ok(Context {
@@ -44,11 +62,14 @@ impl Context {
             dev,
             stream,
             kv,
+            n_ubatch: scratch.n_max,
             scratch,
             tokens: Vec::new(),
             decode_graph: None,
             use_graphs: true,
             experts: None,
+            max_ctx: n_ctx,
+            grow: None,
         })
     }
 
@@ -79,8 +100,23 @@ impl Context {
         }
     }
 
+    /// Runs each batch as forward passes of at most `n` tokens (clamped to 4..=batch):
+    /// only that many rows of the scratch are ever written, which bounds the CPU
+    /// backend's resident memory (its buffers take pages as they are written). The CPU's
+    /// results do not change: a batch is split into pieces of at least 2 tokens, so every
+    /// piece keeps the batch's attention summation order (a 1-token pass sums as decode
+    /// does), and every other kernel computes each token's row on its own.
+    pub fn set_micro_batch(&mut self, n: u32) {
+        self.n_ubatch = n.clamp(4.min(self.scratch.n_max), self.scratch.n_max);
+    }
+
+    /// How the K/V cache stores its rows.
+    pub fn kv_format(&self) -> KvFormat {
+        self.kv.format
+    }
+
     pub fn n_ctx(&self) -> usize {
-        self.kv.n_ctx as usize
+        self.max_ctx as usize
     }
 
     pub fn tokens(&self) -> &[u32] {
@@ -122,6 +158,7 @@ impl Context {
                 ctx: self.n_ctx(),
             });
         }
+        self.ensure_kv(needed)?;
         let vocab = self.model.hp.n_vocab as usize;
         let n_max = self.scratch.n_max;
         // Every row's logits: grow the scratch once, to a full batch for perplexity and
@@ -138,7 +175,8 @@ impl Context {
         }
         let mut out = Vec::new();
         let batch = self.scratch.n_max as usize;
-        for chunk in tokens.chunks(batch) {
+        let ubatch = (self.n_ubatch as usize).min(batch);
+        for chunk in tokens.chunks(batch).flat_map(|c| micro_batches(c, ubatch)) {
             let pos0 = self.tokens.len() as u32;
             if let Some(cache) = &self.experts {
                 let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -204,5 +242,39 @@ impl Context {
             dev.replay(graph, stream)?;
         }
         Ok(())
+    }
+}
+
+/// `batch` in `ceil(len / ubatch)` pieces of near-equal size: none is longer than
+/// `ubatch`, and for `ubatch >= 4` none of a batch of 2+ tokens is a single token.
+fn micro_batches(batch: &[u32], ubatch: usize) -> impl Iterator<Item = &[u32]> {
+    let pieces = batch.len().div_ceil(ubatch.max(1)).max(1);
+    let (base, extra) = (batch.len() / pieces, batch.len() % pieces);
+    (0..pieces).map(move |i| {
+        let start = i * base + i.min(extra);
+        &batch[start..start + base + usize::from(i < extra)]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_batches;
+
+    /// Pieces cover the batch in order, are at most `ubatch` long, and a batch of 2+
+    /// tokens never yields a 1-token piece (which would be summed as decode).
+    #[test]
+    fn micro_batches_split_without_single_tokens() {
+        for len in 1..300u32 {
+            let batch: Vec<u32> = (0..len).collect();
+            for ubatch in [4usize, 5, 7, 64, 128, 512] {
+                let pieces: Vec<&[u32]> = micro_batches(&batch, ubatch).collect();
+                assert_eq!(pieces.concat(), batch, "len {len} ubatch {ubatch}");
+                assert!(pieces.iter().all(|p| !p.is_empty() && p.len() <= ubatch));
+                assert!(len == 1 || pieces.iter().all(|p| p.len() >= 2));
+                if len as usize <= ubatch {
+                    assert_eq!(pieces.len(), 1);
+                }
+            }
+        }
     }
 }

@@ -16,6 +16,8 @@ pub enum EngineError {
     BadSampling(String),
     #[error("empty prompt: there is nothing to continue from")]
     EmptyPrompt,
+    #[error("elastic K/V: {0}")]
+    BadKvGrow(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

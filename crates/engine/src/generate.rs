@@ -9,7 +9,7 @@ use strata_model::tokenizer::Tokenizer;
 use crate::context::Context;
 use crate::error::{EngineError, Result};
 use crate::sampler::{Sampler, SamplingParams};
-use crate::spec::{Drafter, NgramDrafter, SpecStats};
+use crate::spec::{Drafter, NgramDrafter, SpecConfig, SpecStats, Speculator, Step};
 use crate::stop::split_stop;
 
 #[derive(Clone, Debug)]
@@ -83,15 +83,31 @@ pub fn generate(
     generate_spec(ctx, tokenizer, new_tokens, params, 0, None, on_text)
 }
 
-/// [`generate`] with speculative decoding: `spec` drafts per verify window from `drafter`
-/// (prompt lookup when `None`). Greedy sampling only (the output is then token for token
-/// that of `generate`); with a temperature above 0 it decodes one token at a time.
+/// [`generate`] with speculative decoding: up to `spec` drafts per verify window from
+/// `drafter` (prompt lookup when `None`), with the back-off policy on. Greedy output is
+/// token for token that of `generate`; sampled output has the same distribution.
 pub fn generate_spec(
     ctx: &mut Context,
     tokenizer: &Tokenizer,
     new_tokens: &[u32],
     params: &GenerateParams,
     spec: usize,
+    drafter: Option<&mut dyn Drafter>,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation> {
+    let config = SpecConfig::new(spec);
+    generate_with(
+        ctx, tokenizer, new_tokens, params, &config, drafter, on_text,
+    )
+}
+
+/// [`generate_spec`] with every speculative setting.
+pub fn generate_with(
+    ctx: &mut Context,
+    tokenizer: &Tokenizer,
+    new_tokens: &[u32],
+    params: &GenerateParams,
+    config: &SpecConfig,
     drafter: Option<&mut dyn Drafter>,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation> {
@@ -100,14 +116,9 @@ pub fn generate_spec(
         Some(d) => d,
         None => &mut ngram,
     };
-    let spec = if params.sampling.temperature <= 0.0 {
-        spec
-    } else {
-        0
-    };
-    let mut stats = SpecStats::default();
+    let mut speculator = Speculator::new(config.clone(), drafter);
     // Tokens a verify window decided that are not emitted yet (accepted drafts, then the
-    // bonus token); every one but the last already has its K/V in the context.
+    // last token); every one but the last already has its K/V in the context.
     let mut queued: VecDeque<u32> = VecDeque::new();
     let mut sampler = Sampler::new(params.sampling.clone())?;
     if new_tokens.is_empty() && ctx.tokens().is_empty() {
@@ -176,40 +187,11 @@ pub fn generate_spec(
         }
         // Room for drafts: the window must fit the context, and more than the remaining
         // budget is wasted work.
-        let room = (ctx.n_ctx() - history.len())
-            .min(params.max_tokens - out_tokens.len() - 1)
-            .min(spec);
-        let drafts = if room > 0 {
-            drafter.propose(&history, room)
-        } else {
-            Vec::new()
-        };
-        if drafts.is_empty() {
-            logits = ctx.eval(&[tok])?;
-            continue;
+        let room = (ctx.n_ctx() - history.len()).min(params.max_tokens - out_tokens.len() - 1);
+        match speculator.step(ctx, &mut sampler, &history, room)? {
+            Step::Logits(l) => logits = l,
+            Step::Tokens(t) => queued.extend(t),
         }
-        let held = ctx.tokens().len();
-        let mut window = Vec::with_capacity(drafts.len() + 1);
-        window.push(tok);
-        window.extend_from_slice(&drafts);
-        let rows = ctx.eval_verify(&window)?;
-        let vocab = ctx.model.hp.n_vocab as usize;
-        let mut seen = history.clone();
-        for (i, row) in rows.chunks_exact(vocab).enumerate() {
-            let choice = sampler.sample(row, &seen);
-            queued.push_back(choice);
-            if drafts.get(i) != Some(&choice) {
-                break;
-            }
-            seen.push(choice);
-        }
-        let accepted = queued.len() - 1;
-        // Forget the rejected drafts' positions (their K/V is overwritten later).
-        ctx.truncate(held + 1 + accepted);
-        drafter.observe(&queued.iter().copied().collect::<Vec<_>>());
-        stats.windows += 1;
-        stats.drafted += drafts.len();
-        stats.accepted += accepted;
     };
     // Accepted drafts past the stop are not part of the conversation.
     if ctx.tokens().len() > history.len() {
@@ -228,6 +210,6 @@ pub fn generate_spec(
         prompt_tokens: new_tokens.len(),
         prefill_seconds,
         decode_seconds: t1.elapsed().as_secs_f64(),
-        spec: (spec > 0).then_some(stats),
+        spec: (config.k > 0).then_some(speculator.stats),
     })
 }

@@ -7,6 +7,8 @@
 
 use std::io::{Read, Write};
 
+use strata_model::KvFormat;
+
 use crate::context::Context;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,8 +26,17 @@ pub enum KvSnapshotError {
         ctx_layers: usize,
         ctx_row: usize,
     },
+    #[error(
+        "the snapshot's K/V is {snapshot}, the context's is {context}: a conversation cannot move between K/V formats"
+    )]
+    Format {
+        snapshot: KvFormat,
+        context: KvFormat,
+    },
     #[error("{n} positions do not fit a context of {n_ctx}")]
     OverContext { n: usize, n_ctx: usize },
+    #[error("growing the K/V for a snapshot: {0}")]
+    Grow(String),
     #[error("reading or writing a K/V snapshot: {0}")]
     Io(#[from] std::io::Error),
     #[error("not a K/V snapshot file: {0}")]
@@ -38,6 +49,8 @@ type Result<T> = std::result::Result<T, KvSnapshotError>;
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSnapshot {
     tokens: Vec<u32>,
+    /// How the rows are stored (a snapshot only goes back into a cache of its format).
+    format: KvFormat,
     /// Elements per position in one layer's K (and V) buffer.
     row: usize,
     k: Vec<Vec<u16>>,
@@ -45,7 +58,8 @@ pub struct KvSnapshot {
 }
 
 const MAGIC: &[u8; 8] = b"STRATAKV";
-const VERSION: u32 = 1;
+/// Version 2 added the K/V format to the header; version 1 files hold f16 rows.
+const VERSION: u32 = 2;
 
 impl KvSnapshot {
     pub fn tokens(&self) -> &[u32] {
@@ -60,14 +74,19 @@ impl KvSnapshot {
         self.tokens.is_empty()
     }
 
+    /// How the snapshot's rows are stored.
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
     /// Host bytes held: the K/V rows and the token ids.
     pub fn bytes(&self) -> usize {
         let rows: usize = self.k.iter().chain(&self.v).map(Vec::len).sum();
         rows * 2 + self.tokens.len() * 4
     }
 
-    /// Writes the snapshot: a header, the tokens, then each layer's K and V rows
-    /// (little-endian).
+    /// Writes the snapshot: a header (version, layers, row, tokens, K/V format), the
+    /// tokens, then each layer's K and V rows (little-endian).
     pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
         w.write_all(MAGIC)?;
         for x in [
@@ -75,6 +94,7 @@ impl KvSnapshot {
             self.k.len() as u64,
             self.row as u64,
             self.tokens.len() as u64,
+            self.format.id() as u64,
         ] {
             w.write_all(&x.to_le_bytes())?;
         }
@@ -115,9 +135,19 @@ impl KvSnapshot {
             *h = u64::from_le_bytes(b);
         }
         let [version, file_layers, file_row, n] = header;
-        if version != VERSION as u64 {
-            return Err(KvSnapshotError::BadFile(format!("version {version}")));
-        }
+        let format = match version {
+            1 => KvFormat::F16,
+            2 => {
+                let mut b = [0u8; 8];
+                r.read_exact(&mut b)?;
+                let id = u64::from_le_bytes(b);
+                u32::try_from(id)
+                    .ok()
+                    .and_then(KvFormat::from_id)
+                    .ok_or_else(|| KvSnapshotError::BadFile(format!("K/V format {id}")))?
+            }
+            _ => return Err(KvSnapshotError::BadFile(format!("version {version}"))),
+        };
         if file_layers != layers as u64 || file_row != row as u64 {
             return Err(KvSnapshotError::Shape {
                 layers: file_layers as usize,
@@ -157,20 +187,20 @@ impl KvSnapshot {
         if r.read(&mut rest)? != 0 {
             return Err(KvSnapshotError::BadFile("trailing bytes".into()));
         }
-        Ok(KvSnapshot { tokens, row, k, v })
+        Ok(KvSnapshot {
+            tokens,
+            format,
+            row,
+            k,
+            v,
+        })
     }
 }
 
 impl Context {
     /// Layers of the K/V cache and elements per position in each layer's K (and V).
     pub fn kv_shape(&self) -> (usize, usize) {
-        let layers = self.kv.k.len();
-        let row = self
-            .kv
-            .k
-            .first()
-            .map_or(0, |b| b.len() / (self.kv.n_ctx as usize).max(1));
-        (layers, row)
+        (self.kv.k.len(), self.kv.row_words())
     }
 
     /// Host bytes a snapshot of `n` positions takes.
@@ -205,6 +235,7 @@ impl Context {
         }
         Ok(KvSnapshot {
             tokens: self.tokens[..n].to_vec(),
+            format: self.kv.format,
             row,
             k,
             v,
@@ -214,6 +245,12 @@ impl Context {
     /// Replaces what this context holds by the first `n` positions of `snap`: their K/V
     /// rows are uploaded (ordered, into the same buffers) and the tokens set.
     pub fn import_kv(&mut self, snap: &KvSnapshot, n: usize) -> Result<()> {
+        if snap.format != self.kv.format {
+            return Err(KvSnapshotError::Format {
+                snapshot: snap.format,
+                context: self.kv.format,
+            });
+        }
         let (layers, row) = self.kv_shape();
         if snap.k.len() != layers || snap.row != row {
             return Err(KvSnapshotError::Shape {
@@ -238,6 +275,11 @@ impl Context {
         // Forget the old positions first: a failed upload leaves an empty context, never
         // one whose tokens disagree with its K/V.
         self.tokens.clear();
+        // An elastic K/V grows to hold them (nothing to copy: the context is empty now).
+        self.ensure_kv(n).map_err(|e| match e {
+            crate::error::EngineError::Device(d) => KvSnapshotError::Device(d),
+            other => KvSnapshotError::Grow(other.to_string()),
+        })?;
         if n > 0 {
             for il in 0..layers {
                 self.dev
@@ -271,6 +313,7 @@ mod tests {
         };
         KvSnapshot {
             tokens: (0..n as u32).map(|t| t * 3 + 1).collect(),
+            format: KvFormat::F16,
             row,
             k: fill(0),
             v: fill(1),
@@ -282,7 +325,7 @@ mod tests {
         let snap = snapshot(5, 3, 4);
         let mut bytes = Vec::new();
         snap.write_to(&mut bytes).unwrap();
-        assert_eq!(bytes.len(), 8 + 32 + 5 * 4 + 3 * 2 * 5 * 4 * 2);
+        assert_eq!(bytes.len(), 8 + 40 + 5 * 4 + 3 * 2 * 5 * 4 * 2);
         let back = KvSnapshot::read_from(&mut bytes.as_slice(), 3, 4, 100).unwrap();
         assert_eq!(back, snap);
         assert_eq!(back.bytes(), 3 * 2 * 5 * 4 * 2 + 5 * 4);
@@ -303,10 +346,7 @@ mod tests {
         assert!(KvSnapshot::read_from(&mut bytes.as_slice(), 3, 4, 100).is_err());
     }
 
-    /// A conversation moved through a snapshot (and a file) into a context that held
-    /// other tokens continues with exactly the logits of the context it came from.
-    #[test]
-    fn an_imported_conversation_continues_bit_for_bit() {
+    fn tiny_model() -> (strata_core::Device, std::sync::Arc<strata_model::Model>) {
         use std::sync::Arc;
         use strata_model::Model;
         use strata_model::synth::{self, SynthSpec};
@@ -323,6 +363,14 @@ mod tests {
         let gguf =
             Arc::new(strata_gguf::GgufFile::from_bytes(synth::synthesize(&spec).unwrap()).unwrap());
         let model = Arc::new(Model::load(&dev, dev.main_stream(), gguf, |_, _| {}).unwrap());
+        (dev, model)
+    }
+
+    /// A conversation moved through a snapshot (and a file) into a context that held
+    /// other tokens continues with exactly the logits of the context it came from.
+    #[test]
+    fn an_imported_conversation_continues_bit_for_bit() {
+        let (dev, model) = tiny_model();
         let prompt = [1u32, 7, 42, 99, 3, 250, 17];
         let mut src = Context::new(model.clone(), dev.clone(), 64, 4).unwrap();
         src.eval(&prompt).unwrap();
@@ -354,5 +402,59 @@ mod tests {
         assert_eq!(dst.eval(&[77]).unwrap(), fresh.eval(&[77]).unwrap());
         assert!(dst.import_kv(&snap, prompt.len() + 1).is_err());
         assert!(src.export_kv(100).is_err());
+    }
+
+    /// An int8 conversation keeps its format through a file, continues bit for bit in
+    /// another int8 context, and is refused by an f16 one (and the other way round).
+    #[test]
+    fn a_snapshot_goes_back_only_into_its_own_kv_format() {
+        let (dev, model) = tiny_model();
+        let prompt = [3u32, 9, 27, 81, 243, 200];
+        let mut src = Context::with_kv(model.clone(), dev.clone(), 64, 4, KvFormat::Int8).unwrap();
+        src.eval(&prompt).unwrap();
+        let snap = src.export_kv(prompt.len()).unwrap();
+        assert_eq!(snap.format(), KvFormat::Int8);
+        assert_eq!(snap.bytes(), src.kv_snapshot_bytes(prompt.len()));
+        let want = src.eval(&[11]).unwrap();
+        let mut file = Vec::new();
+        snap.write_to(&mut file).unwrap();
+        let (layers, row) = src.kv_shape();
+        // 2 K/V heads of 64: 128 values per row, 4 q8_0 blocks of 17 u16.
+        assert_eq!(row, 4 * 17);
+        let back = KvSnapshot::read_from(&mut file.as_slice(), layers, row, 64).unwrap();
+        assert_eq!(back, snap);
+        let mut dst = Context::with_kv(model.clone(), dev.clone(), 64, 4, KvFormat::Int8).unwrap();
+        dst.eval(&[5, 6, 7]).unwrap();
+        dst.import_kv(&back, prompt.len()).unwrap();
+        assert_eq!(dst.eval(&[11]).unwrap(), want);
+
+        let mut f16 = Context::new(model.clone(), dev.clone(), 64, 4).unwrap();
+        f16.eval(&prompt).unwrap();
+        assert!(matches!(
+            f16.import_kv(&snap, prompt.len()),
+            Err(KvSnapshotError::Format {
+                snapshot: KvFormat::Int8,
+                context: KvFormat::F16
+            })
+        ));
+        // The refused import left the f16 context as it was.
+        assert_eq!(f16.tokens(), prompt);
+        let f16_snap = f16.export_kv(prompt.len()).unwrap();
+        assert!(matches!(
+            dst.import_kv(&f16_snap, prompt.len()),
+            Err(KvSnapshotError::Format { .. })
+        ));
+        // int8 logits are near the f16 ones (the same model, the same prompt).
+        let (a, b) = (f16.eval(&[11]).unwrap(), want);
+        let drift = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        let range = a.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        assert!(
+            drift > 0.0 && drift < 0.05 * range,
+            "drift {drift}, range {range}"
+        );
     }
 }

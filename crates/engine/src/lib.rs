@@ -5,13 +5,17 @@ pub mod context;
 pub mod error;
 pub mod experts;
 pub mod generate;
+pub mod kv_grow;
 pub mod kv_snapshot;
+pub mod perplexity;
 pub mod sampler;
 pub mod spec;
 pub mod stop;
 
 pub use context::Context;
 pub use error::{EngineError, Result};
-pub use generate::{GenerateParams, Generation, StopReason, generate, generate_spec};
+pub use generate::{
+    GenerateParams, Generation, StopReason, generate, generate_spec, generate_with,
+};
 pub use kv_snapshot::KvSnapshot;
 pub use sampler::{Sampler, SamplingParams};

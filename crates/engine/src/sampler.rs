@@ -163,11 +163,24 @@ impl Sampler {
 
     /// Picks the next token from `logits` given the tokens so far.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let dist = self.distribution(logits, history);
+        self.draw(&dist)
+    }
+
+    /// The distribution [`Sampler::sample`] draws from after `history`: the penalties, the
+    /// cuts (top-k, top-p, min-p) and the temperature applied to `logits`. Speculative
+    /// sampling accepts a draft with its probability here, so this is the one definition.
+    pub fn distribution(&self, logits: &[f32], history: &[u32]) -> Distribution {
         let mut logits = logits.to_vec();
         self.apply_penalties(&mut logits, history);
         let p = &self.params;
+        let point = |t: u32| Distribution {
+            tokens: vec![t],
+            probs: vec![1.0],
+            random: false,
+        };
         if p.temperature <= 0.0 {
-            return argmax(&logits);
+            return point(argmax(&logits));
         }
         // Candidates sorted by logit, descending (stable: lower id first among equals).
         let mut cand: Vec<(u32, f32)> = logits
@@ -177,7 +190,7 @@ impl Sampler {
             .map(|(i, &l)| (i as u32, l))
             .collect();
         if cand.is_empty() {
-            return argmax(&logits);
+            return point(argmax(&logits));
         }
         cand.sort_by(|a, b| b.1.total_cmp(&a.1));
         if p.top_k > 0 {
@@ -201,16 +214,80 @@ impl Sampler {
             let keep = cand.iter().take_while(|c| c.1 >= threshold).count();
             cand.truncate(keep.max(1));
         }
-        let probs = softmax(&cand, p.temperature);
+        Distribution {
+            probs: softmax(&cand, p.temperature),
+            tokens: cand.into_iter().map(|c| c.0).collect(),
+            random: true,
+        }
+    }
+
+    /// One draw from `dist`. Greedy choices use none of the random stream; a sampled one
+    /// uses one number even with a single candidate (so seeded output stays as it was).
+    pub fn draw(&mut self, dist: &Distribution) -> u32 {
+        if !dist.random {
+            return dist.tokens[0];
+        }
         let r = self.rng.next_f64();
+        dist.pick(r, None)
+    }
+
+    /// One draw from `dist` without `excluded`, renormalised: speculative sampling's
+    /// residual after a rejected draft (the drafter's distribution being a point mass on
+    /// `excluded`). `excluded` itself only when it is the only candidate.
+    pub fn draw_excluding(&mut self, dist: &Distribution, excluded: u32) -> u32 {
+        let rest = 1.0 - dist.prob(excluded);
+        if rest <= 0.0 || dist.tokens.len() == 1 {
+            return dist
+                .tokens
+                .iter()
+                .copied()
+                .find(|&t| t != excluded)
+                .unwrap_or(excluded);
+        }
+        let r = self.rng.next_f64() * rest;
+        dist.pick(r, Some(excluded))
+    }
+
+    /// Uniform in [0, 1) from the sampler's random stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+}
+
+/// The candidates a draw picks from, with their probabilities (summing to 1), most
+/// likely first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Distribution {
+    pub tokens: Vec<u32>,
+    pub probs: Vec<f64>,
+    /// Drawn with a random number (false for greedy's arg-max).
+    random: bool,
+}
+
+impl Distribution {
+    /// The probability of `token` (0 when it is cut).
+    pub fn prob(&self, token: u32) -> f64 {
+        self.tokens
+            .iter()
+            .position(|&t| t == token)
+            .map_or(0.0, |i| self.probs[i])
+    }
+
+    /// The candidate where the running sum (skipping `excluded`) first passes `r`.
+    fn pick(&self, r: f64, excluded: Option<u32>) -> u32 {
         let mut cum = 0.0;
-        for (c, pr) in cand.iter().zip(&probs) {
+        let mut last = self.tokens[0];
+        for (&t, &pr) in self.tokens.iter().zip(&self.probs) {
+            if Some(t) == excluded {
+                continue;
+            }
             cum += pr;
+            last = t;
             if r < cum {
-                return c.0;
+                return t;
             }
         }
-        cand[cand.len() - 1].0
+        last
     }
 }
 

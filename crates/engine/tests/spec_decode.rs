@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use strata_core::Device;
-use strata_engine::spec::{Drafter, NgramDrafter, SpecStats, accept_prefix};
-use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec};
+use strata_engine::spec::{Drafter, NgramDrafter, SpecConfig, SpecStats, accept_prefix};
+use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec, generate_with};
 use strata_gguf::GgufFile;
 use strata_model::Model;
 use strata_model::synth::{self, SynthArch, SynthSpec};
@@ -36,7 +36,8 @@ fn cpu() -> Device {
     strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env()).unwrap()
 }
 
-/// Greedy generation of `max` tokens (end-of-generation ignored) with `spec` drafts.
+/// Greedy generation of `max` tokens (end-of-generation ignored) with `spec` drafts,
+/// every proposal verified (no back-off, so windows run even where drafts fail).
 fn run(
     model: &Arc<Model>,
     dev: &Device,
@@ -52,7 +53,11 @@ fn run(
         ignore_eos: true,
         ..GenerateParams::default()
     };
-    let g = generate_spec(&mut ctx, tok, prompt, &params, spec, None, |_| true).unwrap();
+    let config = SpecConfig {
+        k: spec,
+        adaptive: false,
+    };
+    let g = generate_with(&mut ctx, tok, prompt, &params, &config, None, |_| true).unwrap();
     assert_eq!(g.tokens.len(), max);
     // The context holds the prompt and the output (the last token may be unfed).
     let held = ctx.tokens();
@@ -88,7 +93,7 @@ fn hand_verifier(
     while out.len() < max {
         out.push(next);
         history.push(next);
-        let drafts = drafter.propose(&history, k);
+        let drafts = drafter.propose(&history, k).unwrap();
         if drafts.is_empty() {
             next = argmax(&ctx.eval(&[next]).unwrap());
             continue;
@@ -130,9 +135,7 @@ fn check_model(
                 "{name} prompt {p}: --spec {k} differs from plain greedy"
             );
             let s = stats.unwrap();
-            total.windows += s.windows;
-            total.drafted += s.drafted;
-            total.accepted += s.accepted;
+            total.add(&s);
         }
     }
     total
@@ -169,6 +172,21 @@ fn smollm2_spec_matches_plain_greedy() {
         stats.summary()
     );
     check_model("SmolLM2", &model, &dev, &tok, &prompts[1..], 16);
+
+    // With the back-off policy on (the default), windows are skipped or shortened by
+    // timing and acceptance, and the output is still the plain one.
+    for prompt in &prompts {
+        let (plain, _) = run(&model, &dev, &tok, prompt, 24, 0);
+        let mut ctx = Context::new(model.clone(), dev.clone(), 512, 64).unwrap();
+        let params = GenerateParams {
+            max_tokens: 24,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            ..GenerateParams::default()
+        };
+        let g = generate_spec(&mut ctx, &tok, prompt, &params, 4, None, |_| true).unwrap();
+        assert_eq!(g.tokens, plain, "--spec 4 with back-off differs from plain");
+    }
 
     // The comparison catches a verifier that accepts one draft too many.
     let (plain, _) = run(&model, &dev, &tok, &prompts[0], 24, 0);
@@ -215,8 +233,8 @@ fn synthetic_moe_spec_matches_plain_greedy() {
 struct Fixed(Vec<u32>);
 
 impl Drafter for Fixed {
-    fn propose(&mut self, _history: &[u32], k: usize) -> Vec<u32> {
-        self.0.iter().copied().take(k).collect()
+    fn propose(&mut self, _history: &[u32], k: usize) -> strata_engine::Result<Vec<u32>> {
+        Ok(self.0.iter().copied().take(k).collect())
     }
 }
 

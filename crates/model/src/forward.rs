@@ -5,33 +5,11 @@ use strata_core::{Device, DeviceBuffer, Stream};
 
 use crate::error::{ModelError, Result};
 use crate::hparams::QkNorm;
+pub use crate::kv::KvCache;
+use crate::kv::KvFormat;
 use crate::model::{Attention, Ffn, Model};
 use crate::moe::{MoeIo, RoutedExperts};
 use crate::ops::{Ops, QkvShape};
-
-/// The f16 K/V cache: per layer, `n_ctx` rows of `kv_dim` for K and for V.
-pub struct KvCache {
-    pub k: Vec<DeviceBuffer<u16>>,
-    pub v: Vec<DeviceBuffer<u16>>,
-    pub n_ctx: u32,
-}
-
-impl KvCache {
-    pub fn new(dev: &Device, model: &Model, n_ctx: u32) -> Result<Self> {
-        let rows = n_ctx as usize * model.hp.kv_dim() as usize;
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        for _ in 0..model.hp.n_layer {
-            k.push(dev.alloc::<u16>(rows)?);
-            v.push(dev.alloc::<u16>(rows)?);
-        }
-        Ok(KvCache { k, v, n_ctx })
-    }
-
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|b| b.bytes()).sum()
-    }
-}
 
 /// Activations for up to `n_max` tokens at once.
 pub struct Scratch {
@@ -309,7 +287,6 @@ impl Model {
         per_row: bool,
         fused: bool,
     ) -> Result<()> {
-        let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
         if !fused {
             ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
@@ -329,7 +306,8 @@ impl Model {
             (QkNorm::Full, _, _) => None,
         };
         let q = match norms {
-            Some(norm) if fused && h.head_dim <= 256 => {
+            // The fused form appends f16 rows; an int8 cache quantises its own.
+            Some(norm) if fused && h.head_dim <= 256 && kv.format == KvFormat::F16 => {
                 let shape = QkvShape {
                     n_tokens: n,
                     n_head: h.n_head,
@@ -337,7 +315,7 @@ impl Model {
                     head_dim: h.head_dim,
                     n_ctx: kv.n_ctx,
                 };
-                let caches = (k_cache, v_cache);
+                let caches = (&kv.k[il], &kv.v[il]);
                 ops.qk_norm_rope_store(
                     &s.q, &s.k, &s.v, norm, &s.pos, &s.qn, caches, shape, h.rms_eps, &h.rope,
                 )?;
@@ -358,7 +336,6 @@ impl Model {
         il: usize,
         n: u32,
     ) -> Result<&'s DeviceBuffer<f32>> {
-        let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
         let (q, k) = match (h.qk_norm, &a.q_norm, &a.k_norm) {
             (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => (&s.q, &s.k),
@@ -375,7 +352,7 @@ impl Model {
         };
         ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
-        ops.kv_store(k, &s.v, &s.pos, k_cache, v_cache, h.kv_dim(), n, kv.n_ctx)?;
+        kv.store(ops, il, k, &s.v, &s.pos, h.kv_dim(), n)?;
         Ok(q)
     }
 
@@ -393,37 +370,9 @@ impl Model {
         per_row: bool,
         q: &DeviceBuffer<f32>,
     ) -> Result<()> {
-        let (k_cache, v_cache) = (&kv.k[il], &kv.v[il]);
         let h = &self.hp;
-        if per_row {
-            ops.attention_per_row(
-                q,
-                &s.pos,
-                k_cache,
-                v_cache,
-                &s.att,
-                n,
-                h.n_head,
-                h.n_head_kv,
-                h.head_dim,
-                kv.n_ctx,
-                h.attn_scale,
-            )?;
-        } else {
-            ops.attention(
-                q,
-                &s.pos,
-                k_cache,
-                v_cache,
-                &s.att,
-                n,
-                h.n_head,
-                h.n_head_kv,
-                h.head_dim,
-                kv.n_ctx,
-                h.attn_scale,
-            )?;
-        }
+        let heads = (h.n_head, h.n_head_kv, h.head_dim);
+        kv.attend(ops, il, q, &s.pos, &s.att, n, heads, h.attn_scale, per_row)?;
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
         if let Some(b) = &a.bo {
             ops.add_rows(&s.tmp, b, n)?;

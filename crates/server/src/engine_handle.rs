@@ -38,6 +38,8 @@ pub struct EngineConfig {
     /// The expert cache every context runs the routed experts through, when they are not
     /// all on the device (`--expert-cache N`).
     pub experts: Option<strata_engine::experts::SharedExpertCache>,
+    /// How every context stores its K/V (`--kv`).
+    pub kv: strata_model::KvFormat,
 }
 
 impl EngineConfig {
@@ -54,6 +56,7 @@ impl EngineConfig {
             },
             max_queue: 64,
             experts: None,
+            kv: strata_model::KvFormat::F16,
         }
     }
 

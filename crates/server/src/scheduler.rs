@@ -32,6 +32,7 @@ pub struct Scheduler {
     park: ParkStore,
     metrics: Arc<Metrics>,
     experts: Option<strata_engine::experts::SharedExpertCache>,
+    kv: strata_model::KvFormat,
 }
 
 struct Slot<'t> {
@@ -50,7 +51,7 @@ impl Scheduler {
         metrics: Arc<Metrics>,
     ) -> Result<Self, ServerError> {
         // The K/V shape a snapshot must have, from a context of one position.
-        let probe = Context::new(model.clone(), dev.clone(), 1, 1)
+        let probe = Context::with_kv(model.clone(), dev.clone(), 1, 1, config.kv)
             .map_err(|e| ServerError::Engine(e.to_string()))?;
         let shape = probe.kv_shape();
         drop(probe);
@@ -66,6 +67,7 @@ impl Scheduler {
             park,
             metrics,
             experts: config.experts.clone(),
+            kv: config.kv,
         })
     }
 
@@ -243,11 +245,12 @@ impl Scheduler {
     /// than `parallel` exist, else the idle one used least recently.
     fn free_slot(&self, slots: &mut Vec<Slot<'_>>) -> Result<usize, String> {
         if slots.len() < self.parallel {
-            let mut ctx = Context::new(
+            let mut ctx = Context::with_kv(
                 self.model.clone(),
                 self.dev.clone(),
                 self.n_ctx,
                 self.n_batch,
+                self.kv,
             )
             .map_err(|e| format!("creating a context: {e}"))?;
             ctx.set_expert_cache(self.experts.clone());

@@ -148,6 +148,8 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::MulMatExperts => model::mul_mat_experts(args),
         KernelId::MoeCombine => model::moe_combine(args),
         KernelId::SigmoidGateAdd => model::sigmoid_gate_add(args),
+        KernelId::KvStoreQ8 => model::kv_store_q8(args),
+        KernelId::AttentionQ8 => model::attention_q8(args),
         KernelId::MulMatExpertsCached => experts::mul_mat_experts_cached(args),
         KernelId::MoeCombineSplit => experts::moe_combine_split(args),
         // The fused forms are a GPU capability: this backend runs their op sequences, which

@@ -9,6 +9,7 @@
 //!   several of them at once, bit for bit);
 //! - `attention`: kv_store and causal GQA attention over the f16 cache (`simd`: its
 //!   inner loops);
+//! - `kv_q8`: kv_store_q8 and attention_q8, the int8 (q8_0-block) K/V cache;
 //! - `moe`: router_topk and moe_combine.
 
 mod attention;
@@ -16,6 +17,7 @@ mod check;
 mod elementwise;
 mod embed;
 mod ggml_math;
+mod kv_q8;
 mod matmul;
 mod moe;
 mod norm;
@@ -28,6 +30,7 @@ mod tiles;
 pub use attention::{attention, kv_store};
 pub use elementwise::{add, add_rows, sigmoid_gate_add, swiglu};
 pub use embed::embed_rows;
+pub use kv_q8::{attention_q8, kv_store_q8};
 pub use matmul::{mul_mat, mul_mat_experts};
 pub use moe::{moe_combine, router_topk};
 pub use norm::rms_norm;

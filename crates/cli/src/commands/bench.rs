@@ -13,6 +13,8 @@ use super::experts;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// Prompt tokens to prefill (0 skips).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
     pub n_prompt: usize,
@@ -124,14 +126,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rng = strata_engine::sampler::Rng::new(42);
     let reps = args.reps.max(1);
     let new_context = || -> anyhow::Result<Context> {
-        let mut ctx = Context::new(
+        let mut ctx = Context::with_kv(
             loaded.model.clone(),
             loaded.dev.clone(),
             loaded.n_ctx,
             model_args.batch,
+            loaded.kv,
         )?;
+        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_graphs(!args.no_graphs);
         experts::attach(&mut ctx, &loaded.experts);
+        args.kv_grow.apply(&mut ctx, model_args.experts.resident)?;
         Ok(ctx)
     };
     // Warm-up (as llama-bench does): kernel compilation and the decode graph's capture
@@ -186,9 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     |_| true,
                 )?;
                 if let Some(s) = g.spec {
-                    spec_stats.windows += s.windows;
-                    spec_stats.drafted += s.drafted;
-                    spec_stats.accepted += s.accepted;
+                    spec_stats.add(&s);
                 }
             } else {
                 for _ in 0..args.n_gen {
@@ -239,6 +242,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "decode_tokens_per_s": tg,
             "repetitions": reps,
             "graphs": !args.no_graphs,
+            "kv": loaded.kv.name(),
+            "n_ctx": loaded.n_ctx,
             "weight_bytes_per_token": weight_bytes,
             "device_copy_bytes_per_s": bandwidth,
             "decode_roofline_fraction": roofline,
@@ -255,6 +260,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             info.backend.name(),
             info.name
         );
+        println!("K/V: {} positions, {}", loaded.n_ctx, loaded.kv);
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
         println!(

@@ -15,6 +15,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// System message.
     #[arg(long)]
     pub system: Option<String>,
@@ -25,13 +27,16 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let loaded = common::load(&args.model)?;
-    let mut ctx = Context::new(
+    let mut ctx = Context::with_kv(
         loaded.model.clone(),
         loaded.dev.clone(),
         loaded.n_ctx,
         args.model.batch,
+        loaded.kv,
     )?;
+    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
+    args.kv_grow.apply(&mut ctx, args.model.experts.resident)?;
     let mut turns: Vec<(String, String)> = Vec::new();
     if let Some(s) = &args.system {
         turns.push(("system".into(), s.clone()));
@@ -75,6 +80,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             |t| stdout.write_all(t.as_bytes()).is_ok() && stdout.flush().is_ok(),
         );
         let _ = writeln!(stdout);
+        // The end of a request: an elastic K/V gives its slots back (the next turn
+        // re-reads what did not fit the initial cells).
+        if let Err(e) = ctx.trim_kv() {
+            eprintln!("strata: {e}");
+        }
         experts::report(&ctx);
         match g {
             Ok(g) => {

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use anyhow::{Context as _, bail};
 use strata_core::{Device, KernelId};
 use strata_gguf::GgufFile;
-use strata_model::Model;
 use strata_model::chat::{ChatInputs, ChatTemplate};
 use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
+use strata_model::{KvFormat, Model};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -21,14 +21,42 @@ pub struct ModelArgs {
     /// GPU ordinal for GPU backends.
     #[arg(long, default_value_t = 0)]
     pub gpu: usize,
-    /// Context length in tokens (default: the model's, capped at 4096).
-    #[arg(long = "ctx", short = 'c')]
+    /// Context length in tokens (default: the model's, capped at 4096); checked against
+    /// memory at start-up.
+    #[arg(long = "ctx", short = 'c', visible_alias = "max-context")]
     pub ctx: Option<u32>,
+    /// K/V cache format: f16, or int8 (ggml's q8_0 blocks: 32 int8 values and an f16
+    /// scale, 53% of f16's bytes).
+    #[arg(long = "kv", default_value = "f16", value_parser = parse_kv)]
+    pub kv: KvFormat,
     /// Most tokens fed per forward pass.
     #[arg(long = "batch", short = 'b', default_value_t = 512)]
     pub batch: u32,
+    /// Most tokens per forward pass within a batch (default: 128 on the CPU, whose
+    /// resident scratch grows with it; the whole batch elsewhere). Same results.
+    #[arg(long = "ubatch")]
+    pub ubatch: Option<u32>,
     #[command(flatten)]
     pub experts: super::experts::ExpertArgs,
+}
+
+/// The CPU's default micro-batch: 128 tokens of scratch (SmolLM2: 5 MB, the
+/// synthetic qwen3moe bench file: 9 MB; a full 512-token batch took 21 and 37 MB) cost
+/// prefill nothing measurable.
+const CPU_UBATCH: u32 = 128;
+
+impl ModelArgs {
+    /// The micro-batch of contexts on `dev`: `--ubatch`, else the backend's default.
+    pub fn micro_batch(&self, dev: &Device) -> u32 {
+        self.ubatch.unwrap_or(match dev.info().backend {
+            strata_core::BackendKind::Cpu => CPU_UBATCH,
+            _ => self.batch,
+        })
+    }
+}
+
+fn parse_kv(s: &str) -> Result<KvFormat, String> {
+    KvFormat::parse(s).ok_or_else(|| format!("`{s}`: the K/V formats are f16 and int8"))
 }
 
 pub struct Loaded {
@@ -36,6 +64,7 @@ pub struct Loaded {
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
     pub n_ctx: u32,
+    pub kv: KvFormat,
     /// The expert cache, when the routed experts are not all on the device; every
     /// context of the model runs them through it (`experts::attach`).
     pub experts: Option<strata_engine::experts::SharedExpertCache>,
@@ -110,6 +139,55 @@ pub fn device(backend: Option<&str>, gpu: usize) -> anyhow::Result<Device> {
 }
 
 pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
+    load_for(args, 1)
+}
+
+/// Refuses a context that does not fit: `contexts` K/V caches of `n_ctx` positions in
+/// `format` must fit the memory left after the model (and the expert cache), less
+/// `reserve` bytes; the error says how many positions would.
+fn check_kv_fits(
+    dev: &Device,
+    model: &Model,
+    n_ctx: u32,
+    format: KvFormat,
+    contexts: usize,
+    reserve: u64,
+) -> anyhow::Result<()> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let contexts = contexts.max(1) as u64;
+    let need = format.bytes_for(model, u64::from(n_ctx)) * contexts;
+    let free = (dev.memory()?.free as u64).saturating_sub(reserve);
+    if need <= free {
+        return Ok(());
+    }
+    let per_position = format.bytes_for(model, 1) * contexts;
+    let fits = free / per_position.max(1);
+    let other = match format {
+        KvFormat::F16 => KvFormat::Int8,
+        KvFormat::Int8 => KvFormat::F16,
+    };
+    let other_fits = free / (other.bytes_for(model, 1) * contexts).max(1);
+    let alt = if other.check(model.hp.head_dim).is_ok() {
+        format!(", {other_fits} with --kv {other}")
+    } else {
+        String::new()
+    };
+    bail!(
+        "a context of {n_ctx} positions needs {:.2} GiB of {format} K/V{}; {:.2} GiB is free after the model and the {} MiB reserve: at most {fits} positions fit{alt} (--ctx N)",
+        gib(need),
+        if contexts > 1 {
+            format!(" for {contexts} contexts")
+        } else {
+            String::new()
+        },
+        gib(free),
+        reserve >> 20
+    )
+}
+
+/// [`load`] for a command that holds `contexts` contexts at once (the server's
+/// `--parallel`).
+pub fn load_for(args: &ModelArgs, contexts: usize) -> anyhow::Result<Loaded> {
     let gguf = Arc::new(
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
     );
@@ -124,7 +202,9 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
     let stream = dev.main_stream();
     let hp = strata_model::arch::hparams(&gguf)?;
     let n_ctx = args.ctx.unwrap_or(hp.n_ctx_train.min(4096)).max(1);
-    let placement = args.experts.placement(&gguf, &dev, n_ctx)?;
+    args.kv.check(hp.head_dim)?;
+    let kv_bytes = kv_bytes_for(&hp, n_ctx, args.kv) * contexts.max(1) as u64;
+    let placement = args.experts.placement(&gguf, &dev, kv_bytes)?;
     let opts = strata_model::LoadOptions {
         experts_on_device: placement == super::experts::Placement::Device,
     };
@@ -137,6 +217,8 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         super::experts::Placement::Device => None,
         super::experts::Placement::Cache(n) => Some(args.experts.cache(&dev, &model, n)?),
     };
+    let reserve = args.experts.vram_reserve_mib << 20;
+    check_kv_fits(&dev, &model, n_ctx, args.kv, contexts, reserve)?;
     tracing::info!(
         "{}: {} layers, {} embedding, {} vocab on {} ({})",
         model.hp.arch,
@@ -151,8 +233,15 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         model: Arc::new(model),
         tokenizer,
         n_ctx,
+        kv: args.kv,
         experts,
     })
+}
+
+/// Device bytes of one context's K/V (the model's shape from its hyper-parameters).
+pub fn kv_bytes_for(hp: &strata_model::HParams, n_ctx: u32, format: KvFormat) -> u64 {
+    let row = format.row_words(hp.kv_dim() as usize) as u64 * 2;
+    2 * u64::from(hp.n_layer) * row * u64::from(n_ctx)
 }
 
 /// Sampling flags shared by run, chat and serve defaults.

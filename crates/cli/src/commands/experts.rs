@@ -72,13 +72,8 @@ fn expert_bytes(gguf: &GgufFile, n_expert: u64) -> (u64, u64) {
 }
 
 impl ExpertArgs {
-    /// Decides the placement for `gguf` on `dev` with a context of `n_ctx`.
-    pub fn placement(
-        &self,
-        gguf: &GgufFile,
-        dev: &Device,
-        n_ctx: u32,
-    ) -> anyhow::Result<Placement> {
+    /// Decides the placement for `gguf` on `dev` beside `kv` bytes of K/V.
+    pub fn placement(&self, gguf: &GgufFile, dev: &Device, kv: u64) -> anyhow::Result<Placement> {
         let hp = strata_model::arch::hparams(gguf)?;
         let Some(moe) = &hp.moe else {
             if self.expert_cache.as_deref().is_some_and(|v| v != "all") {
@@ -101,7 +96,6 @@ impl ExpertArgs {
             None => {}
         }
         let total: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
-        let kv = u64::from(n_ctx) * u64::from(hp.kv_dim()) * 4 * u64::from(hp.n_layer);
         let free = dev.memory()?.free as u64;
         // Long prompts stage two layers' experts (one in use, one prefetched) beside the cache.
         let n_moe_layers = (n_routed / u64::from(moe.n_expert).max(1)).max(1);

@@ -6,6 +6,8 @@ pub mod common;
 pub mod devices;
 pub mod experts;
 pub mod info;
+pub mod kv_grow;
+pub mod perplexity;
 pub mod profile;
 pub mod run;
 pub mod serve;

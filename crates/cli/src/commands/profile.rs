@@ -51,7 +51,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let dev = common::device(model_args.backend.as_deref(), model_args.gpu)?;
         let n_ctx = model_args.ctx.unwrap_or(hp.n_ctx_train.min(4096)).max(1);
         let all = moe.n_expert as usize * hp.n_layer as usize;
-        let n = match model_args.experts.placement(&probe, &dev, n_ctx)? {
+        let n = match model_args.experts.placement(
+            &probe,
+            &dev,
+            common::kv_bytes_for(&hp, n_ctx, model_args.kv),
+        )? {
             Placement::Device => all,
             Placement::Cache(n) => n.min(all),
         };
@@ -82,12 +86,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             common::chat_tokens(&loaded.tokenizer, &[("user", prompt)])?
         };
-        let mut ctx = Context::new(
+        let mut ctx = Context::with_kv(
             loaded.model.clone(),
             loaded.dev.clone(),
             loaded.n_ctx,
             model_args.batch,
+            loaded.kv,
         )?;
+        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_expert_cache(Some(cache.clone()));
         let g = generate(&mut ctx, &loaded.tokenizer, &toks, &params, |_| true)?;
         tokens_seen += (toks.len() + g.tokens.len()) as u64;

@@ -4,7 +4,8 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context as _;
-use strata_engine::{Context, GenerateParams, generate_spec};
+use strata_engine::spec::{DraftModel, Drafter, SpecConfig};
+use strata_engine::{Context, GenerateParams, generate_with};
 
 use super::common::{self, ModelArgs, SamplingArgs};
 use super::experts;
@@ -15,6 +16,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// The prompt.
     #[arg(short = 'p', long, conflicts_with = "file")]
     pub prompt: Option<String>,
@@ -37,9 +40,17 @@ pub struct Args {
     #[arg(long)]
     pub ignore_eos: bool,
     /// Speculative decoding: verify up to K prompt-lookup drafts per forward pass (greedy
-    /// sampling only; the output is the same as without it). 0: off.
+    /// output is the same as without it; sampled output has the same distribution). 0: off.
     #[arg(long, default_value_t = 0)]
     pub spec: usize,
+    /// Verify every proposal of up to K drafts, even where drafts are rarely accepted
+    /// (default: back off and decode plainly where drafting does not pay).
+    #[arg(long)]
+    pub spec_fixed: bool,
+    /// Draft with this small GGUF model (the same vocabulary; it decodes greedily in a
+    /// context of its own on the same device) instead of prompt lookup; needs --spec K.
+    #[arg(long)]
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -61,13 +72,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         messages.push(("user", prompt.as_str()));
         common::chat_tokens(&loaded.tokenizer, &messages)?
     };
-    let mut ctx = Context::new(
+    let mut ctx = Context::with_kv(
         loaded.model.clone(),
         loaded.dev.clone(),
         loaded.n_ctx,
         args.model.batch,
+        loaded.kv,
     )?;
+    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
+    args.kv_grow.apply(&mut ctx, args.model.experts.resident)?;
     let params = GenerateParams {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),
@@ -75,14 +89,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         show_special: false,
     };
+    let mut draft = match &args.draft_model {
+        Some(path) => Some(load_draft(path, &loaded, &args)?),
+        None => None,
+    };
     let mut stdout = std::io::stdout().lock();
-    let g = generate_spec(
+    let spec = SpecConfig {
+        k: args.spec,
+        adaptive: !args.spec_fixed,
+    };
+    let g = generate_with(
         &mut ctx,
         &loaded.tokenizer,
         &tokens,
         &params,
-        args.spec,
-        None,
+        &spec,
+        draft.as_mut().map(|d| d as &mut dyn Drafter),
         |text| stdout.write_all(text.as_bytes()).is_ok() && stdout.flush().is_ok(),
     )?;
     if stdout.is_terminal() {
@@ -100,9 +122,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if let Some(stats) = &g.spec {
         eprintln!("strata: {}", stats.summary());
-    } else if args.spec > 0 {
-        eprintln!("strata: --spec needs greedy sampling (--temp 0); decoded without it");
     }
+    ctx.trim_kv()?;
     experts::report(&ctx);
     Ok(())
+}
+
+/// The draft model of `--draft-model`, in a context as long as the target's.
+fn load_draft(
+    path: &std::path::Path,
+    loaded: &common::Loaded,
+    args: &Args,
+) -> anyhow::Result<DraftModel> {
+    if args.spec == 0 {
+        anyhow::bail!("--draft-model drafts for speculative decoding: give --spec K too");
+    }
+    let gguf = std::sync::Arc::new(
+        strata_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?,
+    );
+    let model = strata_model::Model::load(&loaded.dev, loaded.dev.main_stream(), gguf, |_, _| {})
+        .with_context(|| format!("loading the draft model {}", path.display()))?;
+    let ctx = Context::new(
+        std::sync::Arc::new(model),
+        loaded.dev.clone(),
+        loaded.n_ctx,
+        args.model.batch,
+    )?;
+    Ok(DraftModel::new(ctx, &loaded.model)?)
 }

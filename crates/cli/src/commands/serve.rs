@@ -113,7 +113,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     };
     let server = tokio::spawn(strata_server::serve(listener, state.clone(), shutdown));
     let model_args = args.model.clone();
-    let loaded = tokio::task::spawn_blocking(move || common::load(&model_args))
+    let parallel = args.parallel;
+    let loaded = tokio::task::spawn_blocking(move || common::load_for(&model_args, parallel))
         .await
         .context("loading the model")?;
     let loaded = match loaded {
@@ -139,6 +140,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             },
             max_queue: args.max_queue,
             experts: loaded.experts.clone(),
+            kv: loaded.kv,
         },
         state.metrics.clone(),
     )?;

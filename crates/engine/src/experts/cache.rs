@@ -18,6 +18,9 @@ use super::pool::CpuPool;
 use super::residency::Residency;
 use super::stats::ExpertStats;
 
+mod kv_slots;
+pub use kv_slots::SlotChange;
+
 /// How the cache behaves.
 #[derive(Clone, Debug)]
 pub struct ExpertCacheOptions {

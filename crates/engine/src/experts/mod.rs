@@ -18,11 +18,11 @@ mod profile;
 mod residency;
 mod stats;
 
-pub use cache::{ExpertCache, ExpertCacheOptions};
+pub use cache::{ExpertCache, ExpertCacheOptions, SlotChange};
 pub use layout::{LayerExperts, Layout, MatrixView};
 pub use pool::CpuPool;
 pub use profile::{ModelId, Profile};
-pub use residency::Residency;
+pub use residency::{Residency, TableUpload};
 pub use stats::ExpertStats;
 
 use std::sync::{Arc, Mutex};

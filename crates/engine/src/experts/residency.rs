@@ -8,11 +8,18 @@ use strata_core::{Device, DeviceBuffer, Stream};
 
 use super::ExpertError;
 
+/// How a table reaches the device: `Device::upload` everywhere but in the sanitizer
+/// tests that prove an unordered one is caught.
+pub type TableUpload<'a> =
+    dyn FnMut(&Device, &DeviceBuffer<i32>, &[i32], Stream) -> strata_core::Result<()> + 'a;
+
 pub struct Residency {
     n_expert: usize,
     host: Vec<i32>,
     /// Which (layer, expert) each slot holds.
     owners: Vec<Option<(usize, u32)>>,
+    /// Slots `0..usable` hold experts; the others are taken by the K/V (`--kv-grow`).
+    usable: usize,
     device: DeviceBuffer<i32>,
     /// Whether `host` has changes the device copy lacks.
     dirty: bool,
@@ -35,14 +42,31 @@ impl Residency {
             n_expert,
             host,
             owners: vec![None; n_slots],
+            usable: n_slots,
             device,
             dirty: false,
             uploads: 1,
         })
     }
 
+    /// Slots that may hold experts (all of them unless the K/V took some).
     pub fn n_slots(&self) -> usize {
+        self.usable
+    }
+
+    /// Every slot, taken or not.
+    pub fn total_slots(&self) -> usize {
         self.owners.len()
+    }
+
+    /// Makes slots `0..n` the ones that may hold experts; the others must be empty.
+    pub fn set_usable(&mut self, n: usize) {
+        debug_assert!(
+            self.owners[n.min(self.owners.len())..]
+                .iter()
+                .all(Option::is_none)
+        );
+        self.usable = n.min(self.owners.len());
     }
 
     /// The slot of (layer, expert), if resident.
@@ -56,7 +80,7 @@ impl Residency {
     }
 
     pub fn free_slot(&self) -> Option<usize> {
-        self.owners.iter().position(|o| o.is_none())
+        self.owners[..self.usable].iter().position(|o| o.is_none())
     }
 
     pub fn resident_count(&self) -> usize {
@@ -85,10 +109,21 @@ impl Residency {
     /// Uploads the host table into the device table on `stream`, ordered after every
     /// earlier access of it and before every later one.
     pub fn publish(&mut self, dev: &Device, stream: Stream) -> Result<bool, ExpertError> {
+        self.publish_with(dev, stream, &mut |d, buf, host, s| d.upload(buf, host, s))
+    }
+
+    /// [`Residency::publish`] through `upload` (tests give an unordered one, to show the
+    /// sanitizer catches it).
+    pub fn publish_with(
+        &mut self,
+        dev: &Device,
+        stream: Stream,
+        upload: &mut TableUpload<'_>,
+    ) -> Result<bool, ExpertError> {
         if !self.dirty {
             return Ok(false);
         }
-        dev.upload(&self.device, &self.host, stream)?;
+        upload(dev, &self.device, &self.host, stream)?;
         self.dirty = false;
         self.uploads += 1;
         Ok(true)

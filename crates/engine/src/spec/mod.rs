@@ -1,14 +1,22 @@
-//! Speculative decoding with greedy acceptance: a [`Drafter`] proposes up to K tokens, the
-//! target model evaluates [last token + drafts] in one verify window, and the longest
-//! prefix of drafts that equals the model's own greedy choice is accepted, plus the
-//! model's next token after it (the bonus). Exact: the output is token for token the
-//! output of plain greedy decoding, because every window row is computed as a one-token
-//! step computes it ([`crate::Context::eval_verify`]).
+//! Speculative decoding: a [`Drafter`] proposes up to K tokens, the target model
+//! evaluates [last token + drafts] in one verify window, and drafts are accepted by the
+//! sampler's own distribution ([`accept_sampled`]: the longest prefix equal to the model's
+//! choice in greedy mode, speculative sampling otherwise), then one more token from the
+//! model. Exact: greedy output is token for token that of plain greedy decoding (every
+//! window row is computed as a one-token step computes it,
+//! [`crate::Context::eval_verify`]), and sampled output has the plain distribution. A
+//! back-off policy ([`BackOff`]) verifies drafts only where they have paid lately.
 
+pub mod backoff;
+pub mod draft_model;
 pub mod drafter;
 pub mod ngram;
+pub mod speculator;
 pub mod verify;
 
+pub use backoff::BackOff;
+pub use draft_model::{DraftModel, DraftModelError};
 pub use drafter::Drafter;
 pub use ngram::NgramDrafter;
-pub use verify::{SpecStats, accept_prefix};
+pub use speculator::{SpecConfig, Speculator, Step};
+pub use verify::{SpecStats, accept_prefix, accept_sampled};

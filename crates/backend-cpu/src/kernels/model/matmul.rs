@@ -3,7 +3,7 @@
 //! (strata_quant's `FormatKernels::act`), then every output is one `vec_dot` of a weight
 //! row with a quantised activation row: computed by that `vec_dot`, or bit for bit by a
 //! tile kernel (tiles.rs) that shares a weight row's unpacking between 8 activation rows
-//! or an activation row between 4 weight rows.
+//! or an activation row between 4 (Q4_K: 8) weight rows.
 //!
 //! Work is split over weight rows. Within a task, a block of weight rows stays in L1
 //! while a block of activation rows streams past, so for a batch (prefill, or the tokens
@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use super::check::{Format, elems, fits, format, prefix, prefix_mut};
 use super::par::{self, DisjointOut};
-use super::tiles::{COLS, ROWS, Tiles, tiles};
+use super::tiles::{COLS, ROWS, ROWS8, Tiles, tiles};
 use crate::kernels::KernelArgs;
 
 /// Weight rows kept in L1 while a block of activation rows passes (for k = 4096 in
@@ -105,32 +105,33 @@ impl Gemm<'_> {
         let k = self.k;
         let w = |r: usize| &p.w[r * rb..(r + 1) * rb];
         match (self.tiles, p.cols) {
-            // One activation row (decode): ROWS weight rows against it at once.
-            (
-                Some(&Tiles {
-                    rows4: Some(rows4), ..
-                }),
-                &[(ai, oi)],
-            ) => {
-                let act = self.act(ai);
-                let mut r = r0;
-                let mut out = [0f32; ROWS];
-                while r + ROWS <= r1 {
-                    rows4(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
-                    for (j, &v) in out.iter().enumerate() {
-                        self.put(oi, r + j, v);
-                    }
-                    r += ROWS;
-                }
-                for r in r..r1 {
-                    self.put(oi, r, dot(k, w(r), act));
-                }
-            }
-            // One activation row, one weight row at a time.
+            // One activation row (decode): 8 or 4 weight rows against it at once where
+            // the format has such a kernel, one at a time for the rest.
             (Some(t), &[(ai, oi)]) => {
                 let act = self.act(ai);
+                let mut r = r0;
+                if let Some(rows8) = t.rows8 {
+                    let mut out = [0f32; ROWS8];
+                    while r + ROWS8 <= r1 {
+                        rows8(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
+                        for (j, &v) in out.iter().enumerate() {
+                            self.put(oi, r + j, v);
+                        }
+                        r += ROWS8;
+                    }
+                }
+                if let Some(rows4) = t.rows4 {
+                    let mut out = [0f32; ROWS];
+                    while r + ROWS <= r1 {
+                        rows4(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
+                        for (j, &v) in out.iter().enumerate() {
+                            self.put(oi, r + j, v);
+                        }
+                        r += ROWS;
+                    }
+                }
                 let mut out = [0f32; 1];
-                for r in r0..r1 {
+                for r in r..r1 {
                     (t.cols1)(k, w(r), &[act], &mut out);
                     self.put(oi, r, out[0]);
                 }

@@ -311,8 +311,38 @@ mod x86 {
         }
     }
 
+    /// Slot `k` of `weighted_sum` for outputs `d..d + 8`: its terms in order, from zero.
+    ///
+    /// # Safety
+    /// Rows `0..p.len()` at `base` (`stride` apart) hold `d + 8` readable values each.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn slot(
+        base: *const u16,
+        stride: usize,
+        p: &[f32],
+        step: usize,
+        k: usize,
+        d: usize,
+    ) -> __m256 {
+        let mut r = _mm256_setzero_ps();
+        let mut j = k;
+        while j < p.len() {
+            // SAFETY: the caller's contract; j < p.len().
+            unsafe {
+                let v = load_f16(base.add(j * stride + d));
+                r = _mm256_fmadd_ps(_mm256_set1_ps(*p.get_unchecked(j)), v, r);
+            }
+            j += step;
+        }
+        r
+    }
+
     /// `super::weighted_sum`. Slot `k` (lane `k % 16` of accumulator `k / 16`) takes
-    /// terms `k, k + step, ...`; each slot runs in registers over blocks of 32 outputs.
+    /// terms `k, k + step, ...`; for each block of 8 outputs every slot is summed in a
+    /// register and the slots go straight into the lane tree (no slot-by-output scratch:
+    /// zeroing, writing and re-reading 64 x head_dim floats per head dominated short
+    /// decode spans). The same operations in the same order as before, hence the same bits.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn weighted_sum(
         order: SumOrder,
@@ -326,40 +356,31 @@ mod x86 {
             return weighted_sum_body(order, p, values, acc, out);
         }
         let step = order.groups() * LANES;
-        acc.clear();
-        acc.resize(step * n, 0.0);
-        for d0 in (0..n).step_by(32) {
-            let width = (n - d0).min(32) / 8;
-            for k in 0..step.min(p.len()) {
-                let mut r = [_mm256_setzero_ps(); 4];
-                for j in (k..p.len()).step_by(step) {
-                    let w = _mm256_set1_ps(p[j]);
-                    let v = values.row(j)[d0..].as_ptr();
-                    for (c, rc) in r[..width].iter_mut().enumerate() {
-                        // SAFETY: d0 + 8c + 8 <= n, the row's length.
-                        *rc = unsafe { _mm256_fmadd_ps(w, load_f16(v.add(8 * c)), *rc) };
+        if let Some(last) = p.len().checked_sub(1) {
+            // Every row the slots read lies inside the cache (checked once here).
+            let _ = values.row(last);
+        }
+        let base = values.data.as_ptr().wrapping_add(values.offset);
+        let stride = values.stride;
+        for d in (0..n).step_by(8) {
+            // SAFETY: rows < p.len() lie inside the data (checked above); d + 8 <= n.
+            let x = |l: usize| unsafe {
+                match order {
+                    SumOrder::Batch => slot(base, stride, p, step, l, d),
+                    SumOrder::Single => {
+                        let x0 = _mm256_add_ps(
+                            slot(base, stride, p, step, l, d),
+                            slot(base, stride, p, step, 2 * LANES + l, d),
+                        );
+                        let x1 = _mm256_add_ps(
+                            slot(base, stride, p, step, LANES + l, d),
+                            slot(base, stride, p, step, 3 * LANES + l, d),
+                        );
+                        _mm256_add_ps(x0, x1)
                     }
                 }
-                let a = acc[k * n + d0..].as_mut_ptr();
-                for (c, rc) in r[..width].iter().enumerate() {
-                    // SAFETY: k * n + d0 + 8c + 8 <= step * n, acc's length.
-                    unsafe { _mm256_storeu_ps(a.add(8 * c), *rc) };
-                }
-            }
-        }
-        let a = acc.as_ptr();
-        // SAFETY: slot k's outputs d..d + 8 lie inside acc (k < step, d + 8 <= n).
-        let lane = |k: usize, d: usize| unsafe { load(a.add(k * n + d)) };
-        for d in (0..n).step_by(8) {
-            let x: [__m256; LANES] = match order {
-                SumOrder::Batch => std::array::from_fn(|l| lane(l, d)),
-                SumOrder::Single => std::array::from_fn(|l| {
-                    let x0 = _mm256_add_ps(lane(l, d), lane(2 * LANES + l, d));
-                    let x1 = _mm256_add_ps(lane(LANES + l, d), lane(3 * LANES + l, d));
-                    _mm256_add_ps(x0, x1)
-                }),
             };
-            let t3: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(x[i + 8], x[i]));
+            let t3: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(x(i + 8), x(i)));
             let t6: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t3[i + 4], t3[i]));
             let sum = _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]));
             // SAFETY: d + 8 <= n == out.len().

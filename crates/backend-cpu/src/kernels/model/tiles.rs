@@ -2,7 +2,8 @@
 //! for it. A weight row's blocks are unpacked once and multiplied with up to 8
 //! activation rows (prefill, or the tokens routed to one expert), or one activation row
 //! goes against 4 weight rows (decode: four independent accumulation chains instead of
-//! one). Only the arrangement changes: every (weight row, activation row) pair keeps its
+//! one) or, for Q4_K, 8 (each block's float finish done for the 8 rows in one vector).
+//! Only the arrangement changes: every (weight row, activation row) pair keeps its
 //! own accumulators, updated block by block with the same operations as `vec_dot`, so
 //! results do not depend on the tile shape or on how rows are split over threads.
 //!
@@ -15,11 +16,15 @@ use strata_quant::{QuantType, SimdLevel};
 pub const COLS: usize = 8;
 /// Weight rows one activation row is multiplied with at once.
 pub const ROWS: usize = 4;
+/// The same, for formats whose per-block float finish is vectorised across rows.
+pub const ROWS8: usize = 8;
 
 /// `out[c] = vec_dot(k, row, acts[c])` for `c < N`.
 pub type ColsFn<const N: usize> = fn(k: usize, row: &[u8], acts: &[&[u8]; N], out: &mut [f32; N]);
 /// `out[r] = vec_dot(k, rows[r], act)` for `r < ROWS`.
 pub type RowsFn = fn(k: usize, rows: &[&[u8]; ROWS], act: &[u8], out: &mut [f32; ROWS]);
+/// `out[r] = vec_dot(k, rows[r], act)` for `r < ROWS8`.
+pub type Rows8Fn = fn(k: usize, rows: &[&[u8]; ROWS8], act: &[u8], out: &mut [f32; ROWS8]);
 
 /// A format's tile kernels.
 pub struct Tiles {
@@ -32,6 +37,9 @@ pub struct Tiles {
     /// (measured: faster than one row at a time for Q4_1, slower for Q8_0's long rows
     /// on an AMD EPYC, where 4 interleaved row streams defeat the prefetcher).
     pub rows4: Option<RowsFn>,
+    /// For formats with a heavy per-block finish (Q4_K: scales, mins, two f16 factors),
+    /// which 8 rows share as vectors (measured: see BENCHMARKS.md).
+    pub rows8: Option<Rows8Fn>,
 }
 
 /// The tile kernels of `ty`, when this CPU runs the AVX2 `vec_dot` they mirror.
@@ -156,6 +164,17 @@ mod tests {
                     (t.cols4)(k, &rows[1], &refs4, &mut out4);
                     for (c, v) in out4.iter().enumerate() {
                         assert_eq!(v.to_bits(), want(1, c + 1), "{ty:?} k={k} cols4 col {c}");
+                    }
+                    if let Some(rows8) = t.rows8 {
+                        let more: Vec<Vec<u8>> =
+                            (0..ROWS8).map(|_| weights(ty, k, d, m, &mut rng)).collect();
+                        let rrefs: [&[u8]; ROWS8] = std::array::from_fn(|r| more[r].as_slice());
+                        let mut outr = [0f32; ROWS8];
+                        rows8(k, &rrefs, &a[6], &mut outr);
+                        for (r, v) in outr.iter().enumerate() {
+                            let want = dot(k, &more[r], &a[6]).to_bits();
+                            assert_eq!(v.to_bits(), want, "{ty:?} k={k} rows8 row {r}");
+                        }
                     }
                     if let Some(rows4) = t.rows4 {
                         let rrefs: [&[u8]; ROWS] = std::array::from_fn(|r| rows[r].as_slice());

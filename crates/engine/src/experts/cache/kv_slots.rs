@@ -1,0 +1,107 @@
+//! Slots lent to the K/V (`--kv-grow`): growing the K/V takes the cache's last slots; the
+//! hot experts that sat in them move into the slots of colder experts, so what leaves the
+//! device is the coldest. Trimming returns the slots and refills them with the hottest
+//! experts not resident (profile and routing counts). Every table change is published by
+//! an ordered upload on the copy stream, which the host waits for before the K/V changes
+//! hands: no kernel can read a table that names a slot the K/V now owns.
+
+use super::{ExpertCache, by_heat};
+use crate::experts::ExpertError;
+use crate::experts::residency::TableUpload;
+
+/// What a take or a return did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotChange {
+    /// Slots taken from the cache (or returned to it).
+    pub slots: usize,
+    /// Experts copied into other slots (moved on a take, refilled on a return).
+    pub experts: usize,
+    /// Slots holding experts afterwards, and every slot of the cache.
+    pub resident: usize,
+    pub total: usize,
+}
+
+impl ExpertCache {
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> u64 {
+        self.layout.slot_bytes
+    }
+
+    /// Slots the K/V holds now.
+    pub fn slots_taken(&self) -> usize {
+        self.table.total_slots() - self.table.n_slots()
+    }
+
+    /// Takes up to `n` of the slots that hold experts (the last ones) for the K/V.
+    pub fn take_slots(&mut self, n: usize) -> Result<SlotChange, ExpertError> {
+        let usable = self.table.n_slots();
+        let keep = usable - n.min(usable);
+        let ne = self.layout.n_expert as usize;
+        let heat = |c: &[u64], (l, e): (usize, u32)| c[l * ne + e as usize];
+        // The experts of the taken slots, hottest first.
+        let mut displaced: Vec<(usize, u32)> =
+            (keep..usable).filter_map(|s| self.table.owner(s)).collect();
+        displaced.sort_by(|a, b| {
+            heat(&self.counts, *b)
+                .cmp(&heat(&self.counts, *a))
+                .then(a.cmp(b))
+        });
+        for s in keep..usable {
+            self.table.evict(s);
+        }
+        self.table.set_usable(keep);
+        // The kept slots, coldest first (empty ones before any expert).
+        let mut cold: Vec<(Option<u64>, usize)> = (0..keep)
+            .map(|s| (self.table.owner(s).map(|o| heat(&self.counts, o)), s))
+            .collect();
+        cold.sort_unstable();
+        let mut moved = 0;
+        for (&expert, &(c_cold, slot)) in displaced.iter().zip(&cold) {
+            if c_cold.is_some_and(|c| c >= heat(&self.counts, expert)) {
+                break;
+            }
+            self.fill(slot, expert.0, expert.1)?;
+            moved += 1;
+        }
+        self.publish()?;
+        // The K/V may use the slots' memory only once no kernel can reach them.
+        self.dev.record(self.copy)?.wait()?;
+        Ok(self.change(usable - keep, moved))
+    }
+
+    /// Returns every slot the K/V took and fills the free slots with the hottest experts
+    /// not resident, publishing the table through `upload` (ordered: `Device::upload`).
+    pub fn return_slots_with(
+        &mut self,
+        upload: &mut TableUpload<'_>,
+    ) -> Result<SlotChange, ExpertError> {
+        let returned = self.slots_taken();
+        self.table.set_usable(self.table.total_slots());
+        let ne = self.layout.n_expert as usize;
+        let (table, layout) = (&self.table, &self.layout);
+        let want = by_heat(&self.counts, ne, |l, e| {
+            layout.is_expert(l, e) && table.slot_of(l, e).is_none()
+        });
+        let mut filled = 0;
+        for (l, e) in want {
+            let Some(slot) = self.table.free_slot() else {
+                break;
+            };
+            self.fill(slot, l, e)?;
+            filled += 1;
+        }
+        if self.table.publish_with(&self.dev, self.copy, upload)? {
+            self.stats.bytes_fill += self.table.table_bytes();
+        }
+        Ok(self.change(returned, filled))
+    }
+
+    fn change(&self, slots: usize, experts: usize) -> SlotChange {
+        SlotChange {
+            slots,
+            experts,
+            resident: self.table.resident_count(),
+            total: self.table.total_slots(),
+        }
+    }
+}

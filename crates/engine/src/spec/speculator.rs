@@ -1,0 +1,114 @@
+//! One decoding step with speculation: ask the drafter, let the back-off policy decide how
+//! many drafts are worth a window, verify them in one forward pass and accept by the
+//! sampler's own distribution; or decode one token plainly.
+
+use std::time::Instant;
+
+use super::backoff::BackOff;
+use super::drafter::Drafter;
+use super::verify::{SpecStats, accept_sampled};
+use crate::context::Context;
+use crate::error::Result;
+use crate::sampler::Sampler;
+
+/// How speculative decoding runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Most drafts per verify window (0: off).
+    pub k: usize,
+    /// Let the back-off policy shrink windows or skip drafting where drafts are rarely
+    /// accepted (on by default); off, every proposal of up to `k` drafts is verified.
+    pub adaptive: bool,
+}
+
+impl SpecConfig {
+    pub fn new(k: usize) -> Self {
+        SpecConfig { k, adaptive: true }
+    }
+}
+
+/// What a step produced.
+pub enum Step {
+    /// A plain step: the logits after the fed token.
+    Logits(Vec<f32>),
+    /// A verify window: the tokens it decided (accepted drafts, then the sampled one), all
+    /// but the last already in the context.
+    Tokens(Vec<u32>),
+}
+
+pub struct Speculator<'d> {
+    pub config: SpecConfig,
+    drafter: &'d mut dyn Drafter,
+    policy: BackOff,
+    pub stats: SpecStats,
+}
+
+impl<'d> Speculator<'d> {
+    pub fn new(config: SpecConfig, drafter: &'d mut dyn Drafter) -> Self {
+        Speculator {
+            config,
+            drafter,
+            policy: BackOff::new(),
+            stats: SpecStats::default(),
+        }
+    }
+
+    /// Feeds `history`'s last token (not yet in `ctx`; everything before it is) and
+    /// either returns its logits or, when drafts are worth it, a window's tokens. At most
+    /// `room` drafts fit (the context's end, the token budget).
+    pub fn step(
+        &mut self,
+        ctx: &mut Context,
+        sampler: &mut Sampler,
+        history: &[u32],
+        room: usize,
+    ) -> Result<Step> {
+        let t0 = Instant::now();
+        let last = history.last().copied().unwrap_or(0);
+        let k = room.min(self.config.k);
+        let ask = if !self.config.adaptive {
+            k
+        } else if self.policy.wants_plain_step() {
+            0
+        } else {
+            self.policy.ask(k)
+        };
+        let mut drafts = if ask > 0 {
+            self.drafter.propose(history, ask)?
+        } else {
+            Vec::new()
+        };
+        drafts.truncate(ask);
+        let class = self.drafter.last_class();
+        if self.config.adaptive && !drafts.is_empty() {
+            let d = self.policy.decide(class, drafts.len());
+            if d == 0 {
+                self.stats.declined += 1;
+            }
+            drafts.truncate(d);
+        }
+        if drafts.is_empty() {
+            let logits = ctx.eval(&[last])?;
+            self.policy.record_step(t0.elapsed());
+            return Ok(Step::Logits(logits));
+        }
+        let held = ctx.tokens().len();
+        let mut window = Vec::with_capacity(drafts.len() + 1);
+        window.push(last);
+        window.extend_from_slice(&drafts);
+        let rows = ctx.eval_verify(&window)?;
+        let vocab = ctx.model.hp.n_vocab as usize;
+        let tokens = accept_sampled(sampler, &rows, vocab, history, &drafts);
+        let accepted = tokens.len() - 1;
+        // Forget the rejected drafts' positions (their K/V is overwritten later).
+        ctx.truncate(held + 1 + accepted);
+        self.drafter.observe(&tokens);
+        self.policy.record_window(class, drafts.len(), accepted);
+        self.policy.record_window_time(drafts.len(), t0.elapsed());
+        self.stats.windows += 1;
+        self.stats.drafted += drafts.len();
+        self.stats.accepted += accepted;
+        self.stats.row_cost = self.policy.measured_row_cost();
+        Ok(Step::Tokens(tokens))
+    }
+}
