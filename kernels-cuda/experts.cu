@@ -1,7 +1,7 @@
 // The expert cache's kernels (crates/core/kernels.txt, module `experts`): routed experts
 // whose weights sit in device slots, found through the residency table, and the sum of the
 // device's and the CPU pool's expert outputs. Shapes follow model.cu's mul_mat_experts:
-// one 256-thread block per 32 weight rows of one (token, slot) pair (matvec.cuh's
+// one 256-thread block per 16 weight rows of one (token, slot) pair (matvec.cuh's
 // MV_ROWS per warp), grid-stride.
 
 #include "common.cuh"

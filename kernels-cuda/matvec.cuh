@@ -20,7 +20,7 @@
 #include "matmul.cuh"
 
 #define MV_ACT_VALUES 8192 // quantised activation values staged per block (longer rows in chunks)
-#define MV_ROWS 4          // weight rows per warp per unit: their loads are in flight together
+#define MV_ROWS 2          // weight rows per warp per unit (4 measured slower: fewer blocks, spills)
 
 // Rows of weights one unit covers for this block shape.
 __device__ __forceinline__ uint32_t mv_rows_per_unit() {

@@ -40,11 +40,10 @@ fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
     LaunchCfg::linear(units * threads as usize, threads)
 }
 
-/// A one-token product (the CUDA backend's matvec.cuh kernels): 128-thread blocks of 16
-/// rows (4 warps of 4 rows).
-fn mv_blocks(m: u32, other: usize) -> LaunchCfg {
-    const ROWS: usize = 16;
-    let units = (m as usize).div_ceil(ROWS) * other.max(1);
+/// A one-token product (the CUDA backend's matvec.cuh kernels): 128-thread blocks of
+/// `rows` rows (4 warps of MV_ROWS = 2 rows, or of 1 gate/up row pair).
+fn mv_blocks(m: u32, other: usize, rows: usize) -> LaunchCfg {
+    let units = (m as usize).div_ceil(rows) * other.max(1);
     LaunchCfg::linear(units * (BLOCK / 2) as usize, BLOCK / 2)
 }
 
@@ -140,7 +139,7 @@ impl Ops<'_> {
             .u32(n);
         let tiles = (n as usize).div_ceil(MM_TOKENS_PER_TILE);
         let cfg = if n == 1 {
-            mv_blocks(w.m, 1)
+            mv_blocks(w.m, 1, 8)
         } else {
             mm_blocks(w.m, tiles, tiles == 1)
         };
@@ -357,7 +356,7 @@ impl Ops<'_> {
         // expert and row group (plus one for invalid ids), its tokens in tiles, so each
         // expert's weights are read once per tile instead of once per token.
         let cfg = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
-            mv_blocks(w.m, slots)
+            mv_blocks(w.m, slots, 8)
         } else {
             mm_blocks(w.m, slots.min(w.n_expert as usize) + 1, false)
         };
@@ -398,8 +397,8 @@ impl Ops<'_> {
             .u32(w.n_expert)
             .u64(slot_bytes)
             .u64(matrix_offset);
-        // One token per unit: matvec.cuh's 256-thread units of 32 rows.
-        let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(2 * MM_ROWS_PER_BLOCK);
+        // One token per unit: matvec.cuh's 256-thread units of 16 rows.
+        let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
         self.launch_cfg(KernelId::MulMatExpertsCached, blocks(units), args)
     }
 
@@ -617,7 +616,7 @@ impl Ops<'_> {
             .u64(g.expert_bytes)
             .u64(u.expert_bytes);
         let slots = (n_tokens * n_used) as usize;
-        self.launch_cfg(KernelId::ExpertsGateUp, mm_blocks(g.m, slots, true), args)
+        self.launch_cfg(KernelId::ExpertsGateUp, mv_blocks(g.m, slots, 4), args)
     }
 }
 
