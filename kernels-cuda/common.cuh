@@ -145,10 +145,18 @@ __device__ __forceinline__ float warp_max(float v) {
 // Little-endian loads at any alignment (block fields are often only 2-byte aligned, and
 // staged rows start wherever the row did).
 __device__ __forceinline__ uint32_t ld_u8(const uint8_t* p) { return p[0]; }
+// On the GPU an aligned address takes one wide load: the decode kernels read weight blocks
+// straight from global memory, where four byte loads cost four load instructions.
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    if (((unsigned long long)p & 1) == 0) return *(const uint16_t*)p;
+#endif
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8);
 }
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    if (((unsigned long long)p & 3) == 0) return *(const uint32_t*)p;
+#endif
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
            ((uint32_t)p[3] << 24);
 }

@@ -1,25 +1,28 @@
 // The expert cache's kernels (crates/core/kernels.txt, module `experts`): routed experts
 // whose weights sit in device slots, found through the residency table, and the sum of the
 // device's and the CPU pool's expert outputs. Shapes follow model.cu's mul_mat_experts:
-// one 256-thread block per 16 weight rows of one (token, slot) pair, grid-stride.
+// one 256-thread block per 16 weight rows of one (token, slot) pair (matvec.cuh's
+// MV_ROWS per warp), grid-stride.
 
 #include "common.cuh"
 #include "quant.cuh"
 #include "matmul.cuh"
+#include "matvec.cuh"
 
 // e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
 // matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
-extern "C" __global__ void mul_mat_experts_cached(
+// One token per unit, so matvec.cuh's units (bit for bit matmul.cuh's for a one-row tile).
+extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
     const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
     uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
-    __shared__ MmShared sh;
+    __shared__ MvShared sh;
     const uint64_t pairs = (uint64_t)n_tokens * n_used;
     if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
         for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
         return;
     }
-    const uint32_t rows = mm_rows_per_unit();
+    const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
     const uint64_t units = pairs * groups;
     uint64_t staged = ~(uint64_t)0;
@@ -47,7 +50,7 @@ extern "C" __global__ void mul_mat_experts_cached(
         u.m = m;
         u.k = k;
         u.act_key = xrow;
-        mm_unit(sh, type, u, staged);
+        mv_unit(sh, type, u, staged);
     }
 }
 

@@ -58,8 +58,9 @@ __device__ __forceinline__ uint64_t mm_row(const uint32_t* rows, int i) {
 // ---- activation quantisation (ggml's quantize_row_q8_0/q8_1/q8_K_ref) --------------------
 
 // Values [k0, k0 + len) of each tile row into shared memory at row i · len.
-template <int ACT>
-__device__ void quantise_tile(MmShared& sh, const MmUnit& u, uint32_t k0, uint32_t len) {
+// `S` is MmShared or matvec.cuh's smaller MvShared (the same fields, fewer values).
+template <int ACT, class S>
+__device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (ACT == ACT_Q8_K) {
         const uint32_t per_row = len / 256, blocks = per_row * u.tn;
@@ -180,8 +181,8 @@ __device__ __forceinline__ void stage_rows(uint4* stage, const uint8_t* const* s
 }
 
 // One decoded weight sub-block dotted with 32 staged activation values.
-template <class F>
-__device__ __forceinline__ float dot_sub(const Sub& s, const MmShared& sh, uint32_t at) {
+template <class F, class S>
+__device__ __forceinline__ float dot_sub(const Sub& s, const S& sh, uint32_t at) {
     const int* a = (const int*)(sh.q + at);
     int isum0 = 0, isum1 = 0;
 #pragma unroll
@@ -261,7 +262,9 @@ __device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_ke
                     F::decode(at[rr] + (lane / SUBS) * F::BYTES, lane % SUBS, s);
 #pragma unroll
                     for (int i = 0; i < MM_TOKENS; i++)
-                        if (i < u.tn) acc[rr][i] += dot_sub<F>(s, sh, i * len + v0 + lane * 32);
+                        if (i < u.tn)
+                            acc[rr][i] = __fadd_rn(acc[rr][i],
+                                                   dot_sub<F>(s, sh, i * len + v0 + lane * 32));
                 }
             }
             __syncwarp();  // the staging buffer is refilled next step

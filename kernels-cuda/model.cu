@@ -22,6 +22,9 @@
 #include "common.cuh"
 #include "quant.cuh"
 #include "matmul.cuh"
+#include "matvec.cuh"
+#include "rope.cuh"
+#include "rownorm.cuh"
 
 __device__ __forceinline__ bool whole_warps() { return (blockDim.x & 31) == 0; }
 
@@ -104,27 +107,12 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, ui
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!whole_warps()) return fill_nan(y, (uint64_t)n_rows * dim);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (uint64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const float* xr = x + r * dim;
-        float* yr = y + r * dim;
-        double sum = 0.0;
-        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-            sum += (double)__fmul_rn(xr[i], xr[i]);
-        sum = warp_sum_f64(sum);
-        if (lane == 0) partial[warp] = sum;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            double total = 0.0;
-            for (int i = 0; i < nwarps; i++) total += partial[i];
-            const float mean = (float)(total / (double)dim);
-            row_scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-        }
-        __syncthreads();
-        const float scale = row_scale;
-        for (uint32_t i = threadIdx.x; i < dim; i += blockDim.x)
-            yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
-        __syncthreads();  // row_scale and partial are rewritten for the next row
+        const auto value = [&](uint32_t i) { return xr[i]; };
+        float v[ROW_VALS];
+        const float scale = row_rms_scale(value, v, dim, eps, partial, &row_scale);
+        row_rms_apply(value, [](uint32_t, float) {}, v, dim, scale, w, y + r * dim);
     }
 }
 
@@ -204,6 +192,34 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, c
         u.x_rows = nullptr;
         u.y_rows = nullptr;
         mm_unit(sh, type, u, staged);
+    }
+}
+
+// mul_mat for one token at a time (matvec.cuh): the CUDA backend's variant of mul_mat for
+// launches of one token; bit for bit the same results, for any n.
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_vec(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                uint32_t k, uint32_t n) {
+    __shared__ MvShared sh;
+    if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = {};
+    u.w = w;
+    u.row_bytes = mm_row_bytes(type, k);
+    u.x_stride = k;
+    u.y_stride = m;
+    u.tn = 1;
+    u.m = m;
+    u.k = k;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n * groups; un += gridDim.x) {
+        const uint64_t t = un / groups;
+        u.x = x + t * k;
+        u.y = y + t * m;
+        u.r0 = (uint32_t)(un % groups) * rows;
+        u.act_key = t;
+        mv_unit(sh, type, u, staged);
     }
 }
 
@@ -359,60 +375,66 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     }
 }
 
-// ---- rope ----------------------------------------------------------------------------------
-
-// ggml_rope_yarn_corr_dim, in the host's f32 operations.
-__device__ float rope_corr_dim(uint32_t n_dims, uint32_t n_ctx_orig, float n_rot, float base) {
-    const float turns = __fmul_rn(__fmul_rn(n_rot, 2.0f), 3.14159265358979323846f);
-    const float l = log_host(__fdiv_rn((float)n_ctx_orig, turns));
-    return __fdiv_rn(__fmul_rn((float)n_dims, l), __fmul_rn(2.0f, log_host(base)));
+// mul_mat_experts one (token, slot) pair per unit (the form it takes for up to
+// MOE_GROUP_MIN_TOKENS tokens) with matvec.cuh's units: the CUDA backend's variant for
+// launches of few tokens; bit for bit the same results, for any n_tokens.
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_experts_vec(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                        uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                        uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {
+    __shared__ MvShared sh;
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = {};
+    u.row_bytes = mm_row_bytes(type, k);
+    u.x_stride = k;
+    u.y_stride = m;
+    u.tn = 1;
+    u.m = m;
+    u.k = k;
+    for (uint64_t un = blockIdx.x; un < slots * groups; un += gridDim.x) {
+        const uint64_t slot = un / groups;
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        const int32_t e = ids[slot];
+        if (e < 0) {
+            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                y[slot * m + r] = nan_f32();
+            continue;
+        }
+        const uint64_t xrow = x_per_slot ? slot : slot / n_used;
+        u.w = w + (uint64_t)e * expert_bytes;
+        u.x = x + xrow * k;
+        u.y = y + slot * m;
+        u.r0 = r0;
+        u.act_key = xrow;
+        mv_unit(sh, type, u, staged);
+    }
 }
 
+// ---- rope ----------------------------------------------------------------------------------
+
 // Rotates the first n_rot values of each head of x ([n_tokens][n_heads][head_dim]) by the
-// angle of the token's position: ggml_rope_ext with YaRN (ggml-cpu's rope_yarn, the cache
-// built by repeated multiplication of theta in f32, rotate_pairs). One thread per pair.
+// angle of the token's position (rope.cuh: ggml_rope_ext with YaRN). One thread per pair.
 extern "C" __global__ void rope(float* x, const int32_t* pos, uint32_t n_tokens, uint32_t n_heads,
                                 uint32_t head_dim, uint32_t n_rot, uint32_t mode, float freq_base,
                                 float freq_scale, float ext_factor, float attn_factor,
                                 float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
     const uint64_t total = (uint64_t)n_tokens * n_heads * head_dim;
-    if ((mode != 0 && mode != 2) || n_rot > head_dim || (n_rot & 1)) return fill_nan(x, total);
+    const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
+                          attn_factor, beta_fast, beta_slow, n_ctx_orig};
+    if (!rope_params_ok(p, head_dim)) return fill_nan(x, total);
     const uint32_t half = n_rot / 2;
     const uint64_t n = (uint64_t)n_tokens * n_heads * half;
     if (n == 0) return;
-    const float theta_scale = (float)pow((double)freq_base, (double)__fdiv_rn(-2.0f, (float)n_rot));
-    float low = 0.0f, high = 0.0f;
-    if (ext_factor != 0.0f) {
-        const float start = floorf(rope_corr_dim(n_rot, n_ctx_orig, beta_fast, freq_base));
-        const float end = ceilf(rope_corr_dim(n_rot, n_ctx_orig, beta_slow, freq_base));
-        const float hi = (float)n_rot - 1.0f;
-        low = 0.0f > start ? 0.0f : start;
-        high = hi < end ? hi : end;
-    }
+    const RopeConsts c = rope_consts(p);
     for (uint64_t it = global_thread(); it < n; it += global_threads()) {
         const uint64_t t = it / ((uint64_t)n_heads * half);
         const uint64_t h = (it / half) % n_heads;
         const uint32_t i = (uint32_t)(it % half);
-        float theta_extrap = (float)pos[t];
-        for (uint32_t j = 0; j < i; j++) theta_extrap = __fmul_rn(theta_extrap, theta_scale);
-        const float theta_interp = __fmul_rn(freq_scale, theta_extrap);
-        float theta = theta_interp, mscale = attn_factor;
-        if (ext_factor != 0.0f) {
-            const float span = 0.001f > __fsub_rn(high, low) ? 0.001f : __fsub_rn(high, low);
-            const float y = __fdiv_rn(__fsub_rn((float)i, low), span);
-            const float ramp = __fsub_rn(1.0f, fminf(fmaxf(y, 0.0f), 1.0f));
-            const float mix = __fmul_rn(ramp, ext_factor);
-            theta = __fadd_rn(__fmul_rn(theta_interp, __fsub_rn(1.0f, mix)),
-                              __fmul_rn(theta_extrap, mix));
-            mscale = __fmul_rn(mscale, __fadd_rn(1.0f, __fmul_rn(0.1f, log_host(__fdiv_rn(1.0f, freq_scale)))));
-        }
-        const float c = __fmul_rn((float)cos((double)theta), mscale);
-        const float s = __fmul_rn((float)sin((double)theta), mscale);
-        float* hd = x + (t * n_heads + h) * head_dim;
-        const uint32_t a = mode == 2 ? i : 2 * i, b = mode == 2 ? i + half : 2 * i + 1;
-        const float x0 = hd[a], x1 = hd[b];
-        hd[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        hd[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        rope_pair(x + (t * n_heads + h) * head_dim, pos[t], i, p, c);
     }
 }
 
@@ -422,144 +444,10 @@ extern "C" __global__ void rope(float* x, const int32_t* pos, uint32_t n_tokens,
 #define ATT_WARPS 8
 #define ATT_SCORES 4096  // scores kept in shared memory; longer spans recompute them
 
-// (f16(q) · k) · scale for one cache row, by a whole warp; every lane gets it.
-__device__ __forceinline__ float att_score(const float* qs, const uint16_t* kr, uint32_t pairs,
-                                           float scale) {
-    const int lane = threadIdx.x & 31;
-    float dot = 0.0f;
-    for (uint32_t p = lane; p < pairs; p += 32) {
-        dot = fmaf(qs[2 * p], f16_to_f32(kr[2 * p]), dot);
-        dot = fmaf(qs[2 * p + 1], f16_to_f32(kr[2 * p + 1]), dot);
-    }
-    return __fmul_rn(warp_sum(dot), scale);
-}
-
-// Causal GQA over the f16 cache, as llama.cpp's CPU attention (without flash attention)
-// computes it: token t (position pos0 + t) attends to cache rows 0..=pos0 + t; head h reads
-// K/V head h / (n_head / n_kv_head). The query is rounded to f16 (ggml converts it for an
-// f16 K cache); scores are scaled; the softmax uses ggml's exponentials and sum; the
-// normalised probabilities are rounded to f16 (the V cache's vec_dot_type) and the f16
-// values summed with them in f32. Three passes per (token, head): scores and their max,
-// exponentials and their sum, the weighted sum of V.
-extern "C" __global__ void attention(const float* q, const int32_t* pos,
-                                     const uint16_t* k_cache, const uint16_t* v_cache,
-                                     float* out, uint32_t n_tokens, uint32_t n_head,
-                                     uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx,
-                                     float scale) {
-    __shared__ float qs[ATT_MAX_HEAD_DIM];
-    __shared__ float sc[ATT_SCORES];
-    __shared__ float wmax[ATT_WARPS];
-    __shared__ double wsum[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][ATT_MAX_HEAD_DIM];
-    const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
-    if (!whole_warps() || n_kv_head == 0 || n_head % n_kv_head != 0 ||
-        head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1))
-        return fill_nan(out, total);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = min((int)(blockDim.x >> 5), ATT_WARPS);
-    const bool computes = warp < nwarps;
-    const uint32_t group = n_head / n_kv_head, pairs = head_dim / 2;
-    const uint64_t kv_dim = (uint64_t)n_kv_head * head_dim;
-    const uint64_t units = (uint64_t)n_tokens * n_head;
-    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint64_t t = un / n_head;
-        const uint32_t kvh = (uint32_t)(un % n_head) / group;
-        const uint16_t* kb = k_cache + (uint64_t)kvh * head_dim;
-        const uint16_t* vb = v_cache + (uint64_t)kvh * head_dim;
-        // Rows 0..=pos[t]; a position outside the cache reads nothing (the host checked).
-        const int32_t p = pos[t];
-        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
-        const bool keep = span <= ATT_SCORES;
-        __syncthreads();  // the previous unit is done with the shared arrays
-        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x)
-            qs[d] = round_to_f16(q[un * head_dim + d]);
-        __syncthreads();
-
-        // 1. Scores (kept when they fit) and their maximum.
-        float mx = -F32_INF;
-        if (computes) {
-            for (uint64_t j = warp; j < span; j += nwarps) {
-                const float s = att_score(qs, kb + j * kv_dim, pairs, scale);
-                if (keep && lane == 0) sc[j] = s;
-                mx = fmaxf(mx, s);
-            }
-            if (lane == 0) wmax[warp] = mx;
-        }
-        __syncthreads();
-        mx = -F32_INF;
-        for (int w = 0; w < nwarps; w++) mx = fmaxf(mx, wmax[w]);
-
-        // 2. Exponentials (kept in place of the scores) and their sum, 32 rows per warp
-        // step: each half-warp one 16-row vector.
-        const uint64_t whole = span - span % GGML_LANES;
-        if (computes) {
-            double sum = 0.0;
-            for (uint64_t base = 32 * (uint64_t)warp; base < span; base += 32 * (uint64_t)nwarps) {
-                const uint64_t j = base + lane;
-                float s = 0.0f;
-                if (keep) {
-                    if (j < span) s = sc[j];
-                } else {
-                    for (int r = 0; r < 32 && base + r < span; r++) {
-                        const float sr = att_score(qs, kb + (base + r) * kv_dim, pairs, scale);
-                        if (lane == r) s = sr;
-                    }
-                }
-                const float e = j < span ? ggml_softmax_exp(__fsub_rn(s, mx), j, span) : 0.0f;
-                if (keep && j < span) sc[j] = e;
-                const float vec = ggml_vector_sum16(e);
-                if (base + (lane & 16) + GGML_LANES <= whole) {
-                    if ((lane & 15) == 0) sum += (double)vec;
-                } else if (j < span) {
-                    sum += (double)e;
-                }
-            }
-            sum = warp_sum_f64(sum);
-            if (lane == 0) wsum[warp] = sum;
-        }
-        __syncthreads();
-        double sum = 0.0;
-        for (int w = 0; w < nwarps; w++) sum += wsum[w];
-        const float inv = (float)(1.0 / sum);
-
-        // 3. out = Σ_j f16(e_j · inv) · v_j, each warp over its rows, then the warps' sums.
-        if (computes) {
-            float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-            for (uint64_t j = warp; j < span; j += nwarps) {
-                const float e = keep ? sc[j]
-                                     : ggml_softmax_exp(
-                                           __fsub_rn(att_score(qs, kb + j * kv_dim, pairs, scale), mx),
-                                           j, span);
-                const float p = round_to_f16(__fmul_rn(e, inv));
-                const uint16_t* vr = vb + j * kv_dim;
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const uint32_t pp = lane + 32 * r;
-                    if (pp < pairs) {
-                        acc[r][0] = fmaf(p, f16_to_f32(vr[2 * pp]), acc[r][0]);
-                        acc[r][1] = fmaf(p, f16_to_f32(vr[2 * pp + 1]), acc[r][1]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const uint32_t pp = lane + 32 * r;
-                if (pp < pairs) {
-                    wacc[warp][2 * pp] = acc[r][0];
-                    wacc[warp][2 * pp + 1] = acc[r][1];
-                }
-            }
-        }
-        __syncthreads();
-        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            float o = 0.0f;
-            for (int w = 0; w < nwarps; w++) o = __fadd_rn(o, wacc[w][d]);
-            out[un * head_dim + d] = o;
-        }
-    }
-}
-
 // ---- router_topk: one warp per token ---------------------------------------------------------
+
+#define ROUTER_CACHED 8  // probabilities per lane kept in registers (rows up to 256 experts)
+#define ROUTER_MAX_K 32  // picks kept for the normalisation (more are read back)
 
 // Σ_i exp(x_i − mx) over a row of n, as ggml_soft_max sums it: each whole vector's lanes in
 // an f32 tree, added to an f64; the tail element by element. Called by a whole warp; every
@@ -581,10 +469,31 @@ __device__ double softmax_sum(const float* x, uint32_t n, float mx) {
     return warp_sum_f64(total);
 }
 
+// softmax_sum over a row held in registers: lane's value c is element lane + 32c (as
+// softmax_sum reads them), the same operations in the same order.
+__device__ double softmax_sum_cached(const float (&x)[ROUTER_CACHED], uint32_t n, float mx) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t whole = n - n % GGML_LANES;
+    double total = 0.0;
+#pragma unroll
+    for (int c = 0; c < ROUTER_CACHED; c++) {
+        const uint32_t base = 32 * c;
+        if (base >= n) break;
+        const uint32_t e = base + lane;
+        const float v = e < n ? ggml_softmax_exp(__fsub_rn(x[c], mx), e, n) : 0.0f;
+        const float vec = ggml_vector_sum16(v);
+        if (base + (lane & 16) + GGML_LANES <= whole) {
+            if ((lane & 15) == 0) total += (double)vec;
+        } else if (e < n) {
+            total += (double)v;
+        }
+    }
+    return warp_sum_f64(total);
+}
+
 // p = softmax(logits[t]) (ggml's exponentials and sum); ids[t] = the k
 // largest p, descending, ties to the lower index; weights = those p, divided by their sum
 // (at least the smallest normal f16, as llama.cpp clamps it) when norm != 0.
-#define ROUTER_CACHED 8  // probabilities per lane kept in registers (rows up to 256 experts)
 
 extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float* weights,
                                        uint32_t n_tokens, uint32_t n_expert, uint32_t k,
@@ -600,24 +509,41 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
     const uint64_t warps = global_threads() / 32;
     for (uint64_t t = global_thread() / 32; t < n_tokens; t += warps) {
         const float* row = logits + t * n_expert;
-        float mx = -F32_INF;
-        for (uint32_t e = lane; e < n_expert; e += 32) mx = fmaxf(mx, row[e]);
-        mx = warp_max(mx);
-        const double total = softmax_sum(row, n_expert, mx);
-        const float inv = (float)(1.0 / total);
-        // The probabilities, computed once and kept in registers when the row fits
-        // (n_expert <= 32 · ROUTER_CACHED); the k picks then only compare.
-        float cached[ROUTER_CACHED];
+        // A row that fits (n_expert <= 32 · ROUTER_CACHED) is loaded once, every load in
+        // flight together, and its probabilities kept in registers; the k picks then only
+        // compare. The same operations either way.
         const bool fits = n_expert <= 32 * ROUTER_CACHED;
+        float cached[ROUTER_CACHED];
+        float mx = -F32_INF;
+        double total;
+        if (fits) {
+#pragma unroll
+            for (int c = 0; c < ROUTER_CACHED; c++) {
+                const uint32_t e = lane + 32 * c;
+                cached[c] = e < n_expert ? row[e] : -F32_INF;
+            }
+#pragma unroll
+            for (int c = 0; c < ROUTER_CACHED; c++) mx = fmaxf(mx, cached[c]);
+            mx = warp_max(mx);
+            total = softmax_sum_cached(cached, n_expert, mx);
+        } else {
+            for (uint32_t e = lane; e < n_expert; e += 32) mx = fmaxf(mx, row[e]);
+            mx = warp_max(mx);
+            total = softmax_sum(row, n_expert, mx);
+        }
+        const float inv = (float)(1.0 / total);
         if (fits) {
 #pragma unroll
             for (int c = 0; c < ROUTER_CACHED; c++) {
                 const uint32_t e = lane + 32 * c;
                 cached[c] = e < n_expert
-                                ? __fmul_rn(ggml_softmax_exp(__fsub_rn(row[e], mx), e, n_expert), inv)
+                                ? __fmul_rn(ggml_softmax_exp(__fsub_rn(cached[c], mx), e, n_expert), inv)
                                 : -F32_INF;
             }
         }
+        // The picks' probabilities (every lane has each after the reduction), for the
+        // normalisation without reading the outputs back.
+        float picked[ROUTER_MAX_K];
         // Each pick is the largest p ordered strictly after the previous pick.
         float prev_p = F32_INF;
         int prev_i = -1;
@@ -654,18 +580,160 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
                     best_i = i2;
                 }
             }
+            if (j < ROUTER_MAX_K) picked[j] = best_p;
             if (lane == 0) {
                 ids[t * k + j] = best_i;
-                weights[t * k + j] = best_p;
+                if (norm == 0 || k > ROUTER_MAX_K) weights[t * k + j] = best_p;
             }
             prev_p = best_p;
             prev_i = best_i;
         }
         if (norm != 0 && lane == 0 && k > 0) {
             double s = 0.0;
-            for (uint32_t j = 0; j < k; j++) s += (double)weights[t * k + j];
-            const float sum = fmaxf((float)s, 6.103515625e-05f);
-            for (uint32_t j = 0; j < k; j++) weights[t * k + j] = __fdiv_rn(weights[t * k + j], sum);
+            if (k <= ROUTER_MAX_K) {
+                for (uint32_t j = 0; j < k; j++) s += (double)picked[j];
+                const float sum = fmaxf((float)s, 6.103515625e-05f);
+                for (uint32_t j = 0; j < k; j++) weights[t * k + j] = __fdiv_rn(picked[j], sum);
+            } else {
+                for (uint32_t j = 0; j < k; j++) s += (double)weights[t * k + j];
+                const float sum = fmaxf((float)s, 6.103515625e-05f);
+                for (uint32_t j = 0; j < k; j++) weights[t * k + j] = __fdiv_rn(weights[t * k + j], sum);
+            }
+        }
+    }
+}
+
+// Causal GQA over the f16 cache, as llama.cpp's CPU attention (without flash attention)
+// computes it: token t attends to cache rows 0..=pos[t]; head h reads K/V head
+// h / (n_head / n_kv_head). The query is rounded to f16 (ggml converts it for an f16 K
+// cache); scores are scaled; the softmax uses ggml's exponentials.
+//
+// Per (token, head) unit: scores a thread per cache row (a warp per row waited
+// for a shuffle reduction per row, row after row), their maximum, the exponentials and
+// their sum in f64, then P·V with a warp per 32 rows, each row's probability f16-rounded
+// (as the CPU's f16 P·V) and broadcast from the lane that scored it. Spans up to
+// ATT_SCORES keep their scores in shared memory; longer ones recompute them. A unit's
+// arithmetic does not depend on the batch it came in.
+
+// (f16(q) · k) · scale for one cache row, by one thread.
+__device__ __forceinline__ float att_row_score(const float* qs, const uint16_t* kr,
+                                               uint32_t head_dim, float scale) {
+    float dot = 0.0f;
+    if ((head_dim & 7) == 0 && ((uint64_t)kr & 15) == 0) {
+        for (uint32_t d = 0; d < head_dim; d += 8) {
+            const uint4 w = *(const uint4*)(kr + d);
+            const uint32_t h[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                dot = fmaf(qs[d + 2 * i], f16_to_f32((uint16_t)(h[i] & 0xffffu)), dot);
+                dot = fmaf(qs[d + 2 * i + 1], f16_to_f32((uint16_t)(h[i] >> 16)), dot);
+            }
+        }
+    } else {
+        for (uint32_t d = 0; d < head_dim; d++) dot = fmaf(qs[d], f16_to_f32(kr[d]), dot);
+    }
+    return __fmul_rn(dot, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                     const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                     uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    __shared__ float qs[ATT_MAX_HEAD_DIM];
+    __shared__ float sc[ATT_SCORES];
+    __shared__ float wmax[ATT_WARPS];
+    __shared__ double wsum[ATT_WARPS];
+    __shared__ float wacc[ATT_WARPS][ATT_MAX_HEAD_DIM];
+    const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
+    if (!whole_warps() || blockDim.x > 32 * ATT_WARPS || n_kv_head == 0 ||
+        n_head % n_kv_head != 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1))
+        return fill_nan(out, total);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const uint32_t group = n_head / n_kv_head, pairs = head_dim / 2;
+    const uint64_t kv_dim = (uint64_t)n_kv_head * head_dim;
+    const uint64_t units = (uint64_t)n_tokens * n_head;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint64_t t = un / n_head;
+        const uint32_t kvh = (uint32_t)(un % n_head) / group;
+        const uint16_t* kb = k_cache + (uint64_t)kvh * head_dim;
+        const uint16_t* vb = v_cache + (uint64_t)kvh * head_dim;
+        const int32_t p = pos[t];
+        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
+        const bool keep = span <= ATT_SCORES;
+        __syncthreads();  // the previous unit is done with the shared arrays
+        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x)
+            qs[d] = round_to_f16(q[un * head_dim + d]);
+        __syncthreads();
+
+        // 1. Scores, a thread per row, and their maximum.
+        float mx = -F32_INF;
+        for (uint64_t j = threadIdx.x; j < span; j += blockDim.x) {
+            const float s = att_row_score(qs, kb + j * kv_dim, head_dim, scale);
+            if (keep) sc[j] = s;
+            mx = fmaxf(mx, s);
+        }
+        mx = warp_max(mx);
+        if (lane == 0) wmax[warp] = mx;
+        __syncthreads();
+        mx = -F32_INF;
+        for (int w = 0; w < nwarps; w++) mx = fmaxf(mx, wmax[w]);
+
+        // 2. Exponentials (kept in place of the scores) and their sum.
+        double sum = 0.0;
+        for (uint64_t j = threadIdx.x; j < span; j += blockDim.x) {
+            const float s = keep ? sc[j] : att_row_score(qs, kb + j * kv_dim, head_dim, scale);
+            const float e = ggml_softmax_exp(__fsub_rn(s, mx), j, span);
+            if (keep) sc[j] = e;
+            sum += (double)e;
+        }
+        sum = warp_sum_f64(sum);
+        if (lane == 0) wsum[warp] = sum;
+        __syncthreads();
+        sum = 0.0;
+        for (int w = 0; w < nwarps; w++) sum += wsum[w];
+        const float inv = (float)(1.0 / sum);
+
+        // 3. out = Σ_j f16(e_j · inv) · v_j: each warp takes 32 rows at a time, lane r
+        // holding row r's probability.
+        float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+        for (uint64_t base = 32 * (uint64_t)warp; base < span; base += 32 * (uint64_t)nwarps) {
+            const uint64_t j = base + lane;
+            float e = 0.0f;
+            if (j < span)
+                e = keep ? sc[j]
+                         : ggml_softmax_exp(
+                               __fsub_rn(att_row_score(qs, kb + j * kv_dim, head_dim, scale), mx),
+                               j, span);
+            const float pj = round_to_f16(__fmul_rn(e, inv));
+            const int rows = (int)min((uint64_t)32, span - base);
+#pragma unroll 4
+            for (int r = 0; r < rows; r++) {
+                const float pr = __shfl_sync(FULL_MASK, pj, r);
+                const uint16_t* vr = vb + (base + r) * kv_dim;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const uint32_t pp = lane + 32 * c;
+                    if (pp < pairs) {
+                        const uint32_t v2 = *(const uint32_t*)(vr + 2 * pp);
+                        acc[c][0] = fmaf(pr, f16_to_f32((uint16_t)(v2 & 0xffffu)), acc[c][0]);
+                        acc[c][1] = fmaf(pr, f16_to_f32((uint16_t)(v2 >> 16)), acc[c][1]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const uint32_t pp = lane + 32 * c;
+            if (pp < pairs) {
+                wacc[warp][2 * pp] = acc[c][0];
+                wacc[warp][2 * pp + 1] = acc[c][1];
+            }
+        }
+        __syncthreads();
+        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < nwarps; w++) o = __fadd_rn(o, wacc[w][d]);
+            out[un * head_dim + d] = o;
         }
     }
 }

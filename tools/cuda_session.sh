@@ -7,8 +7,9 @@
 #
 #   STEPS="tests profile bench-Q4_K offload bench-IQ2_XS" QUANTS="Q4_K IQ2_XS" \
 #     PROFILE_QUANTS=Q4_K bash tools/cuda_session.sh
+# LLAMA=0 skips llama.cpp (a strata-only look: the profile step also runs strata bench).
 set -u
-C=$PWD/.carry
+C=${CARRY:-$PWD/.carry}
 OUT=${OUT:-/tmp/strata-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -22,7 +23,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
-if [ ! -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
+if [ "${LLAMA:-1}" = 1 ] && [ ! -x /tmp/lc/llama.cpp/build/bin/llama-bench ]; then
   (bash "$C/llama-cpp.sh" build-cuda "$C/llama.tgz" /tmp/lc > "$OUT/llama-build.log" 2>&1;
    echo "exit $?" >> "$OUT/llama-build.log") &
   LLAMA_PID=$!
@@ -49,10 +50,14 @@ done
 case " $STEPS " in *" profile "*)
   for q in ${PROFILE_QUANTS:-$QUANTS}; do
     f="$MODEL_DIR/qwen3-30b-a3b-shape-$q.gguf"
-    STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$f" --backend cuda -p 0 -n 32 --no-graphs \
+    # Per kernel inside one replayed decode graph (event-record nodes), at depth 0 and 512;
+    # then throughput (tg from an empty context, as llama-bench) and decode at depth 4096.
+    STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$f" --backend cuda -p 0 -n 32 \
       > "$OUT/profile-$q.txt" 2>&1
-    "$C/strata" bench -m "$f" --backend cuda -p 0 -n 64 >> "$OUT/profile-$q.txt" 2>&1
-    "$C/strata" bench -m "$f" --backend cuda -p 0 -n 64 --no-graphs >> "$OUT/profile-$q.txt" 2>&1
+    STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$f" --backend cuda -p 0 -d 512 -n 32 \
+      > "$OUT/profile-ctx512-$q.txt" 2>&1
+    "$C/strata" bench -m "$f" --backend cuda -p 512 -n 128 -r 2 >> "$OUT/profile-$q.txt" 2>&1
+    "$C/strata" bench -m "$f" --backend cuda -p 0 -d 4096 -n 64 >> "$OUT/profile-$q.txt" 2>&1
     stamp "profile $q done"
   done;;
 esac

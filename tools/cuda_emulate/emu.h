@@ -60,6 +60,18 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     memcpy(&r, &got, sizeof(T));
     return r;
 }
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    warp_slot[w][l] = bits;
+    warp_bar[w].wait("shfl_idx");
+    uint64_t got = warp_slot[w][src & 31];
+    warp_bar[w].wait("shfl_idx2");
+    T r;
+    memcpy(&r, &got, sizeof(T));
+    return r;
+}
 static inline unsigned __ballot_sync(unsigned, bool p) {
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     warp_slot[w][l] = p ? 1 : 0;

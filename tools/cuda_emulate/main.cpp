@@ -8,9 +8,10 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused [FORMAT,FORMAT...]]
 #include "emu.h"
 #include "model.cu"
+#include "fused.cu"
 #include <random>
 #include <string>
 #include <functional>
@@ -282,7 +283,9 @@ static void test_small_ops() {
         std::vector<float> kk(ntk * kvd), vv(ntk * kvd);
         for (auto& v : kk) v = urand(2); for (auto& v : vv) v = urand(2);
         std::vector<uint16_t> kc(10 * kvd, 7), vc(10 * kvd, 7);
-        launch(ops_grid(ntk * kvd), 256, [&] { kv_store(kk.data(), vv.data(), kc.data(), vc.data(), kvd, p0, ntk); });
+        std::vector<int32_t> kpos(ntk);
+        for (int t = 0; t < ntk; t++) kpos[t] = p0 + t;
+        launch(ops_grid(ntk * kvd), 256, [&] { kv_store(kk.data(), vv.data(), kpos.data(), kc.data(), vc.data(), kvd, ntk, 10); });
         double w6 = 0;
         for (int i = 0; i < 10 * kvd; i++) {
             bool in = i >= p0 * kvd && i < (p0 + ntk) * kvd;
@@ -332,9 +335,11 @@ static void test_attention() {
         for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
         std::vector<float> out(c.nt * c.nh * c.hd);
         float scale = 1.0f / sqrtf((float)c.hd);
-        launch(ops_grid(c.nt * c.nh), 256, [&] { attention(q.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, c.pos0, scale); });
+        std::vector<int32_t> apos(c.nt);
+        for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
+        launch(ops_grid(c.nt * c.nh), 256, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
         auto out1 = out;
-        launch(c.nt * c.nh, 128, [&] { attention(q.data(), kc.data(), vc.data(), out1.data(), c.nt, c.nh, c.nkv, c.hd, c.pos0, scale); });
+        launch(c.nt * c.nh, 128, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out1.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
         double worst = 0;
         int g = c.nh / c.nkv;
         for (int t = 0; t < c.nt; t++) for (int h = 0; h < c.nh; h++) {
@@ -382,6 +387,120 @@ static void test_router() {
     }
 }
 
+
+// matvec.cuh's one-token kernels against the tiled ones: bit for bit, every format.
+static void test_vec() {
+    for (const Fmt& f : FORMATS) {
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        struct Shape { int m, k, n; };
+        for (auto [m, k, n] : std::vector<Shape>{{37, 512, 1}, {19, 9216, 1}, {21, 512, 3}}) {
+            auto w = random_weights(f, m, k);
+            std::vector<float> x((size_t)n * k);
+            for (auto& v : x) v = urand(2.0f);
+            std::vector<float> tiled((size_t)n * m, -1.0f), vec((size_t)n * m, -2.0f);
+            launch(ops_grid((uint64_t)n * m), 256, [&] { mul_mat(w.data(), x.data(), tiled.data(), f.id, m, k, n); });
+            launch(5, 128, [&] { mul_mat_vec(w.data(), x.data(), vec.data(), f.id, m, k, n); });
+            char what[160];
+            snprintf(what, sizeof what, "mul_mat_vec %s %dx%d n=%d vs mul_mat (bit-exact)", f.name, m, k, n);
+            report(what, memcmp(tiled.data(), vec.data(), tiled.size() * 4) == 0 ? 0.0 : 1.0, 0);
+        }
+        int m = 24, k = 512, n_used = 2, n_exp = 5;
+        size_t rb = f.qk == 1 ? (size_t)k * f.bytes : (size_t)(k / f.qk) * f.bytes;
+        size_t eb = rb * m + 32;
+        std::vector<uint8_t> w;
+        for (int e = 0; e < n_exp; e++) { auto we = random_weights(f, m, k); w.insert(w.end(), we.begin(), we.end()); w.insert(w.end(), 32, 0xEE); }
+        for (int n_tokens : {1, 3}) for (int per_slot = 0; per_slot < 2; per_slot++) {
+            std::vector<int32_t> ids(n_tokens * n_used);
+            for (auto& i : ids) i = rng() % n_exp;
+            int xr = per_slot ? n_tokens * n_used : n_tokens;
+            std::vector<float> x((size_t)xr * k);
+            for (auto& v : x) v = urand(2.0f);
+            std::vector<float> a((size_t)n_tokens * n_used * m, -1.0f), b(a.size(), -2.0f);
+            launch(ops_grid(a.size()), 256, [&] { mul_mat_experts(w.data(), x.data(), ids.data(), a.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+            launch(3, 128, [&] { mul_mat_experts_vec(w.data(), x.data(), ids.data(), b.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+            char what[160];
+            snprintf(what, sizeof what, "mul_mat_experts_vec %s n_tokens %d per_slot %d (bit-exact)", f.name, n_tokens, per_slot);
+            report(what, memcmp(a.data(), b.data(), a.size() * 4) == 0 ? 0.0 : 1.0, 0);
+        }
+    }
+}
+
+
+static bool same(const std::vector<float>& a, const std::vector<float>& b) { return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * 4) == 0; }
+static bool same16(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) { return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * 2) == 0; }
+
+// fused.cu's kernels against the model.cu sequences they replace: bit for bit.
+static void test_fused() {
+    {   // add_rms_norm = add, rms_norm; combine_add_rms_norm = moe_combine, add, rms_norm
+        int rows = 3, dim = 2048, nu = 4;
+        std::vector<float> a(rows * dim), b(rows * dim), w(dim), ys(rows * nu * dim), ws(rows * nu);
+        for (auto& v : a) v = urand(3); for (auto& v : b) v = urand(3); for (auto& v : w) v = urand(1.5);
+        for (auto& v : ys) v = urand(2); for (auto& v : ws) v = urand(1);
+        std::vector<float> sum0(rows * dim), y0(rows * dim), sum1(rows * dim), y1(rows * dim), comb(rows * dim);
+        launch(ops_grid(rows * dim), 256, [&] { add(a.data(), b.data(), sum0.data(), rows * dim); });
+        launch(rows, 256, [&] { rms_norm(sum0.data(), w.data(), y0.data(), rows, dim, 1e-6f); });
+        launch(rows, 256, [&] { add_rms_norm(a.data(), b.data(), sum1.data(), w.data(), y1.data(), rows, dim, 1e-6f); });
+        report("add_rms_norm vs add + rms_norm (bit-exact)", same(sum0, sum1) && same(y0, y1) ? 0 : 1, 0);
+        launch(ops_grid(rows * dim), 256, [&] { moe_combine(ys.data(), ws.data(), comb.data(), rows, nu, dim); });
+        launch(ops_grid(rows * dim), 256, [&] { add(a.data(), comb.data(), sum0.data(), rows * dim); });
+        launch(rows, 256, [&] { rms_norm(sum0.data(), w.data(), y0.data(), rows, dim, 1e-6f); });
+        launch(rows, 256, [&] { combine_add_rms_norm(ys.data(), ws.data(), a.data(), sum1.data(), w.data(), y1.data(), rows, nu, dim, 1e-6f); });
+        report("combine_add_rms_norm vs moe_combine + add + rms_norm (bit-exact)", same(sum0, sum1) && same(y0, y1) ? 0 : 1, 0);
+    }
+    struct C { int nt, nh, nkv, hd, n_rot, mode, norm; float ext; } cases[] = {
+        {2, 4, 2, 128, 128, 2, 1, 0.0f}, {3, 2, 1, 64, 32, 0, 0, 0.0f}, {1, 4, 4, 128, 128, 2, 1, 1.0f}};
+    for (auto c : cases) {
+        int ctx = 8, kvd = c.nkv * c.hd;
+        std::vector<float> q(c.nt * c.nh * c.hd), k(c.nt * kvd), v(c.nt * kvd), qn(c.hd), kn(c.hd);
+        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(2);
+        for (auto& x : qn) x = urand(1.5); for (auto& x : kn) x = urand(1.5);
+        std::vector<int32_t> pos(c.nt);
+        for (int t = 0; t < c.nt; t++) pos[t] = 3 + t;
+        float fb = 1e6f, fs = 0.5f, af = 1.0f, bf = 32.0f, bs = 1.0f;
+        unsigned orig = 4096;
+        // the sequence
+        std::vector<float> q0 = q, k0 = k;
+        if (c.norm) {
+            launch(c.nt * c.nh, 32, [&] { rms_norm(q.data(), qn.data(), q0.data(), c.nt * c.nh, c.hd, 1e-6f); });
+            launch(c.nt * c.nkv, 32, [&] { rms_norm(k.data(), kn.data(), k0.data(), c.nt * c.nkv, c.hd, 1e-6f); });
+        }
+        launch(ops_grid(c.nt * c.nh * c.hd), 256, [&] { rope(q0.data(), pos.data(), c.nt, c.nh, c.hd, c.n_rot, c.mode, fb, fs, c.ext, af, bf, bs, orig); });
+        launch(ops_grid(c.nt * kvd), 256, [&] { rope(k0.data(), pos.data(), c.nt, c.nkv, c.hd, c.n_rot, c.mode, fb, fs, c.ext, af, bf, bs, orig); });
+        std::vector<uint16_t> kc0(ctx * kvd, 7), vc0(ctx * kvd, 7), kc1 = kc0, vc1 = vc0;
+        launch(ops_grid(c.nt * kvd), 256, [&] { kv_store(k0.data(), v.data(), pos.data(), kc0.data(), vc0.data(), kvd, c.nt, ctx); });
+        // fused
+        std::vector<float> q1(q.size(), -1.0f);
+        int heads = c.nt * (c.nh + 2 * c.nkv);
+        launch((heads * 32 + 255) / 256, 256, [&] { qk_norm_rope_store(q.data(), k.data(), v.data(), qn.data(), kn.data(), pos.data(), q1.data(), kc1.data(), vc1.data(), c.nt, c.nh, c.nkv, c.hd, ctx, c.norm, 1e-6f, c.n_rot, c.mode, fb, fs, c.ext, af, bf, bs, orig); });
+        char what[160];
+        snprintf(what, sizeof what, "qk_norm_rope_store t=%d heads %d/%d hd=%d rot=%d mode=%d norm=%d ext=%g (bit-exact)", c.nt, c.nh, c.nkv, c.hd, c.n_rot, c.mode, c.norm, c.ext);
+        report(what, same(q0, q1) && same16(kc0, kc1) && same16(vc0, vc1) ? 0 : 1, 0);
+    }
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        int m = 24, k = 512, n_used = 3, n_exp = 5, n_tokens = 2;
+        size_t rb = (size_t)(k / f.qk) * f.bytes, eb = rb * m + 32;
+        std::vector<uint8_t> wg, wu;
+        for (int e = 0; e < n_exp; e++) {
+            auto a = random_weights(f, m, k), b = random_weights(f, m, k);
+            wg.insert(wg.end(), a.begin(), a.end()); wg.insert(wg.end(), 32, 0xEE);
+            wu.insert(wu.end(), b.begin(), b.end()); wu.insert(wu.end(), 32, 0xEE);
+        }
+        std::vector<int32_t> ids(n_tokens * n_used);
+        for (auto& i : ids) i = rng() % n_exp;
+        std::vector<float> x((size_t)n_tokens * k);
+        for (auto& v : x) v = urand(2.0f);
+        size_t n = (size_t)n_tokens * n_used * m;
+        std::vector<float> g(n), u(n), y0(n), y1(n, -1.0f);
+        launch(ops_grid(n), 256, [&] { mul_mat_experts(wg.data(), x.data(), ids.data(), g.data(), f.id, m, k, n_tokens, n_used, 0, eb); });
+        launch(ops_grid(n), 256, [&] { mul_mat_experts(wu.data(), x.data(), ids.data(), u.data(), f.id, m, k, n_tokens, n_used, 0, eb); });
+        launch(ops_grid(n), 256, [&] { swiglu(g.data(), u.data(), y0.data(), n); });
+        launch(4, 128, [&] { experts_gate_up(wg.data(), wu.data(), x.data(), ids.data(), y1.data(), f.id, m, k, n_tokens, n_used, eb, eb); });
+        report(std::string("experts_gate_up ") + f.name + " vs 2x mul_mat_experts + swiglu (bit-exact)", same(y0, y1) ? 0 : 1, 0);
+    }
+}
+
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (argc > 2) fmt_only = std::string(",") + argv[2] + ",";
@@ -392,6 +511,8 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "attention") test_attention();
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();
+    if (only == "vec") test_vec();
+    if (only == "fused") test_fused();
     printf("%d failed\n", fails);
     return fails != 0;
 }

@@ -361,6 +361,10 @@ fn cpu_arch() -> String {
 }
 
 impl Backend for CpuBackend {
+    fn supports(&self, kernel: KernelId) -> bool {
+        kernels::supported(kernel)
+    }
+
     fn info(&self) -> DeviceInfo {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         DeviceInfo {

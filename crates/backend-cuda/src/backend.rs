@@ -399,14 +399,14 @@ impl Backend for CudaBackend {
             site,
             reason,
         };
-        let entry =
-            self.kernels
-                .as_ref()
-                .and_then(|t| t.get(kernel))
-                .ok_or(Error::Unsupported {
-                    what: kernel.name(),
-                    backend: NAME,
-                })?;
+        let entry = self
+            .kernels
+            .as_ref()
+            .and_then(|t| t.for_launch(kernel, args))
+            .ok_or(Error::Unsupported {
+                what: kernel.name(),
+                backend: NAME,
+            })?;
         if let Some(params) = &entry.params {
             kernels::check_args(params, args).map_err(bad)?;
         }

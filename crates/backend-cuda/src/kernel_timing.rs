@@ -1,6 +1,13 @@
 //! Per-kernel device time for profiling (`STRATA_KERNEL_TIMING=1`): a pair of timing
-//! events around every launch that is not being captured, summed per kernel when
-//! [`KernelTiming::drain`] is called. Off by default: the events cost a few µs a launch.
+//! events around every launch, summed per kernel when [`KernelTiming::drain`] is called.
+//! Off by default: the events cost a few µs a launch.
+//!
+//! Eager launches: the pair brackets the kernel, and also any wait for the host to submit
+//! it (small kernels then show the host's launch rate). Launches inside a graph capture:
+//! the events become event-record nodes of the graph (CU_EVENT_RECORD_EXTERNAL), so each
+//! replay re-records them and `drain` reports the last replay of the latest captured graph,
+//! kernel by kernel as the device ran it. Those events are never destroyed (a graph
+//! holding them may replay later); profiling runs only.
 
 use std::sync::Mutex;
 
@@ -13,6 +20,16 @@ use crate::driver::check;
 #[derive(Default)]
 pub(crate) struct KernelTiming {
     pending: Mutex<Vec<(KernelId, usize, usize)>>,
+    /// Event pairs inside the latest capture (replaced when a new capture begins).
+    captured: Mutex<Captured>,
+}
+
+#[derive(Default)]
+struct Captured {
+    events: Vec<(KernelId, usize, usize)>,
+    /// Whether the previous launch was captured: a captured launch after an eager one
+    /// begins a new capture.
+    capturing: bool,
 }
 
 fn timing_event() -> Result<sys::CUevent> {
@@ -37,32 +54,40 @@ impl KernelTiming {
             .then(Self::default)
     }
 
-    /// Records the start event of a launch on `s` (None inside a capture).
+    /// Records the start event of a launch on `s`.
     pub(crate) fn start(&self, s: sys::CUstream) -> Result<Option<usize>> {
-        if is_capturing(s) {
-            return Ok(None);
+        let capturing = is_capturing(s);
+        {
+            let mut c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+            if capturing && !c.capturing {
+                c.events.clear();
+            }
+            c.capturing = capturing;
         }
-        let e = timing_event()?;
-        // SAFETY: valid event and stream.
-        check("cuEventRecord", unsafe { sys::cuEventRecord(e, s) })?;
-        Ok(Some(e as usize))
+        Ok(Some(record(s, capturing)?))
     }
 
     /// Records the end event of the launch that `start` began.
     pub(crate) fn end(&self, kernel: KernelId, start: usize, s: sys::CUstream) -> Result<()> {
-        let e = timing_event()?;
-        // SAFETY: valid event and stream.
-        check("cuEventRecord", unsafe { sys::cuEventRecord(e, s) })?;
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((kernel, start, e as usize));
+        let capturing = is_capturing(s);
+        let e = record(s, capturing)?;
+        if capturing {
+            let mut c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+            c.events.push((kernel, start, e));
+        } else {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            p.push((kernel, start, e));
+        }
         Ok(())
     }
 
-    /// Waits for the recorded launches and returns their time per kernel, most first.
+    /// Waits for the recorded launches and returns their time per kernel, most first:
+    /// the eager launches since the last call, else the last replay of the latest graph.
     pub(crate) fn drain(&self) -> Result<Vec<KernelTime>> {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if pending.is_empty() {
+            return Ok(self.last_replay());
+        }
         let mut out: Vec<KernelTime> = Vec::new();
         let mut first_err = None;
         for (kernel, start, end) in pending {
@@ -102,4 +127,57 @@ impl KernelTiming {
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Ok(out)
     }
+
+    /// Per kernel, what the last replay of the latest captured graph took (nothing when
+    /// it has not been replayed).
+    fn last_replay(&self) -> Vec<KernelTime> {
+        let c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<KernelTime> = Vec::new();
+        for &(kernel, start, end) in &c.events {
+            let (a, b) = (start as sys::CUevent, end as sys::CUevent);
+            let mut ms = 0f32;
+            // SAFETY: events this module created; a graph replay recorded them (else the
+            // query fails and the pair is skipped).
+            let r = unsafe {
+                check("cuEventSynchronize", sys::cuEventSynchronize(b)).and_then(|_| {
+                    check(
+                        "cuEventElapsedTime",
+                        sys::cuEventElapsedTime_v2(&mut ms, a, b),
+                    )
+                })
+            };
+            if r.is_err() {
+                continue;
+            }
+            match out.iter_mut().find(|t| t.kernel == kernel) {
+                Some(t) => {
+                    t.launches += 1;
+                    t.seconds += f64::from(ms) / 1e3;
+                }
+                None => out.push(KernelTime {
+                    kernel,
+                    launches: 1,
+                    seconds: f64::from(ms) / 1e3,
+                }),
+            }
+        }
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        out
+    }
+}
+
+/// A new timing event recorded on `s`; inside a capture, as a node of the graph.
+fn record(s: sys::CUstream, capturing: bool) -> Result<usize> {
+    let e = timing_event()?;
+    if capturing {
+        let external = sys::CUevent_record_flags_enum::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: valid event and stream (in capture: becomes an event-record node).
+        check("cuEventRecordWithFlags", unsafe {
+            sys::cuEventRecordWithFlags(e, s, external)
+        })?;
+    } else {
+        // SAFETY: valid event and stream.
+        check("cuEventRecord", unsafe { sys::cuEventRecord(e, s) })?;
+    }
+    Ok(e as usize)
 }

@@ -24,11 +24,46 @@ pub(crate) struct KernelEntry {
     pub params: Option<Vec<usize>>,
 }
 
+/// A kernel the backend launches in place of a listed one when `applies` says so for the
+/// launch's arguments: the same signature and bit for bit the same results, compiled for
+/// that shape (ggml-cuda likewise picks its matrix-vector kernel for one-token products).
+pub(crate) struct Variant {
+    pub of: KernelId,
+    pub func: &'static str,
+    pub applies: fn(&[KernelArg]) -> bool,
+}
+
+/// The u32 scalar at argument `i`, if that is one.
+fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
+    match args.get(i) {
+        Some(KernelArg::U32(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// kernels-cuda/matvec.cuh: one-token products with fewer registers and no staging.
+pub(crate) const VARIANTS: &[Variant] = &[
+    // mul_mat(w, x, y | type, m, k, n)
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_vec",
+        applies: |a| u32_arg(a, 6).is_some_and(|n| n <= 1),
+    },
+    // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_vec",
+        applies: |a| u32_arg(a, 7).is_some_and(|n| n <= 2),
+    },
+];
+
 /// Every module of one context and the kernel table built from them.
 pub(crate) struct KernelTable {
     modules: Vec<sys::CUmodule>,
     /// Indexed by `KernelId::index()`; `None` for a kernel no CUDA source defines.
     entries: Vec<Option<KernelEntry>>,
+    /// The VARIANTS whose function the modules define, with their entries.
+    variants: Vec<(&'static Variant, KernelEntry)>,
     /// How each module was obtained, in `KERNEL_MODULES` order.
     pub origins: Vec<(&'static str, Origin)>,
 }
@@ -124,6 +159,7 @@ impl KernelTable {
         let mut table = KernelTable {
             modules: Vec::new(),
             entries: Vec::with_capacity(KernelId::COUNT),
+            variants: Vec::new(),
             origins: Vec::new(),
         };
         let mut loaded: Vec<(&'static str, sys::CUmodule)> = Vec::new();
@@ -138,17 +174,30 @@ impl KernelTable {
             table.origins.push((module, origin));
             loaded.push((module, m));
         }
+        let function = |m: sys::CUmodule, name: &str| {
+            CString::new(name).ok().and_then(|name| {
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                // SAFETY: loaded module; NUL-terminated name.
+                let r = unsafe { sys::cuModuleGetFunction(&mut f, m, name.as_ptr()) };
+                (r == sys::CUresult::CUDA_SUCCESS).then_some(f)
+            })
+        };
+        for v in VARIANTS {
+            let module = loaded.iter().find(|(name, _)| *name == v.of.module());
+            if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
+                let entry = KernelEntry {
+                    func: f,
+                    params: param_sizes(f),
+                };
+                table.variants.push((v, entry));
+            }
+        }
         for id in KernelId::ALL {
             let Some(&(_, m)) = loaded.iter().find(|(name, _)| *name == id.module()) else {
                 table.entries.push(None);
                 continue;
             };
-            let func = CString::new(id.name()).ok().and_then(|name| {
-                let mut f: sys::CUfunction = std::ptr::null_mut();
-                // SAFETY: loaded module; NUL-terminated name.
-                let r = unsafe { sys::cuModuleGetFunction(&mut f, m, name.as_ptr()) };
-                (r == sys::CUresult::CUDA_SUCCESS).then_some(f)
-            });
+            let func = function(m, id.name());
             match func {
                 Some(f) => table.entries.push(Some(KernelEntry {
                     func: f,
@@ -170,6 +219,17 @@ impl KernelTable {
     /// The kernel, or `None` when no CUDA source defines it.
     pub fn get(&self, id: KernelId) -> Option<&KernelEntry> {
         self.entries.get(id.index()).and_then(Option::as_ref)
+    }
+
+    /// What a launch of `id` with `args` runs: a variant that applies, else the kernel.
+    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<&KernelEntry> {
+        // Only a defined kernel has variants (`supports` answers for the kernel).
+        self.get(id)?;
+        self.variants
+            .iter()
+            .find(|(v, _)| v.of == id && (v.applies)(args))
+            .map(|(_, e)| e)
+            .or_else(|| self.get(id))
     }
 }
 
@@ -275,10 +335,53 @@ mod tests {
             assert!(
                 KernelId::ALL
                     .iter()
-                    .any(|id| id.name() == name && id.module() == *module),
+                    .any(|id| id.name() == name && id.module() == *module)
+                    || VARIANTS
+                        .iter()
+                        .any(|v| v.func == name && v.of.module() == *module),
                 "kernels-cuda/{module}.cu defines {name}, which crates/core/kernels.txt does not list under {module}"
             );
         }
+    }
+
+    #[test]
+    fn every_variant_is_defined_in_its_kernels_module() {
+        let declared = declared();
+        for v in VARIANTS {
+            assert!(
+                declared
+                    .iter()
+                    .any(|(n, m)| n == v.func && *m == v.of.module()),
+                "{} (variant of {}) missing from kernels-cuda/{}.cu",
+                v.func,
+                v.of.name(),
+                v.of.module()
+            );
+        }
+    }
+
+    #[test]
+    fn variants_apply_to_one_token_launches_only() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let mul_mat = |n| {
+            [
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(12),
+                KernelArg::U32(64),
+                KernelArg::U32(256),
+                KernelArg::U32(n),
+            ]
+        };
+        let v = VARIANTS.iter().find(|v| v.of == KernelId::MulMat).unwrap();
+        assert!((v.applies)(&mul_mat(1)));
+        assert!(!(v.applies)(&mul_mat(8)));
+        assert!(!(v.applies)(&mul_mat(1)[..6]));
     }
 
     #[test]

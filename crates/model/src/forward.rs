@@ -6,9 +6,10 @@ use strata_core::{Device, DeviceBuffer, Stream};
 use crate::error::{ModelError, Result};
 use crate::hparams::QkNorm;
 pub use crate::kv::KvCache;
+use crate::kv::KvFormat;
 use crate::model::{Attention, Ffn, Model};
 use crate::moe::{MoeIo, RoutedExperts};
-use crate::ops::Ops;
+use crate::ops::{Ops, QkvShape};
 
 /// Activations for up to `n_max` tokens at once.
 pub struct Scratch {
@@ -212,17 +213,55 @@ impl Model {
         }
         let ops = Ops { dev, stream };
         let s = scratch;
+        // With the fused forms each residual add carries the next norm (xn always holds
+        // the normalised input of what comes next), so the layer's norm is not its own launch.
+        let fused = ops.has_fused();
         ops.embed_rows(&self.tok_embd, &s.ids, &s.x, n)?;
+        if fused && let Some(l0) = self.layers.first() {
+            ops.rms_norm(&s.x, 0, &l0.attn.norm, &s.xn, 0, n, h.rms_eps)?;
+        }
         for (il, layer) in self.layers.iter().enumerate() {
             // x -> x2 (attention residual) -> x (FFN residual)
             let per_row = rows == LogitRows::AllAsDecode;
-            self.attention(&ops, s, &layer.attn, kv, il, n, per_row)?;
-            ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
-            ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
-            self.ffn(&ops, s, &layer.ffn, il, n, experts.as_deref_mut())?;
-            ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
+            self.attention(&ops, s, &layer.attn, kv, il, n, per_row, fused)?;
+            if fused {
+                ops.add_rms_norm(&s.x, &s.tmp, &s.x2, &layer.ffn_norm, &s.xn, n, h.rms_eps)?;
+            } else {
+                ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
+                ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
+            }
+            let out = self.ffn(&ops, s, &layer.ffn, il, n, experts.as_deref_mut(), fused)?;
+            if !fused {
+                ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
+                continue;
+            }
+            let next_norm = self
+                .layers
+                .get(il + 1)
+                .map_or(&self.output_norm, |l| &l.attn.norm);
+            match out {
+                FfnOut::Tmp => {
+                    ops.add_rms_norm(&s.x2, &s.tmp, &s.x, next_norm, &s.xn, n, h.rms_eps)?
+                }
+                FfnOut::Slots { n_used } => ops.combine_add_rms_norm(
+                    &s.moe_y,
+                    &s.expert_w,
+                    &s.x2,
+                    &s.x,
+                    next_norm,
+                    &s.xn,
+                    n,
+                    n_used,
+                    h.rms_eps,
+                )?,
+            }
         }
         let e = h.n_embd as usize;
+        if fused && !self.layers.is_empty() {
+            // The last layer's residual add normalised every row with the output norm.
+            ops.mul_mat(self.output(), &s.xn, first as usize * e, &s.logits, count)?;
+            return Ok(());
+        }
         ops.rms_norm(
             &s.x,
             first as usize * e,
@@ -246,9 +285,12 @@ impl Model {
         il: usize,
         n: u32,
         per_row: bool,
+        fused: bool,
     ) -> Result<()> {
         let h = &self.hp;
-        ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
+        if !fused {
+            ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
+        }
         ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
         ops.mul_mat(&a.wk, &s.xn, 0, &s.k, n)?;
         ops.mul_mat(&a.wv, &s.xn, 0, &s.v, n)?;
@@ -257,6 +299,44 @@ impl Model {
                 ops.add_rows(buf, b, n)?;
             }
         }
+        // Per-head norms (or none), rope and the K/V append in one launch.
+        let norms = match (h.qk_norm, &a.q_norm, &a.k_norm) {
+            (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => Some(None),
+            (QkNorm::PerHead, Some(qn), Some(kn)) => Some(Some((qn, kn))),
+            (QkNorm::Full, _, _) => None,
+        };
+        let q = match norms {
+            // The fused form appends f16 rows; an int8 cache quantises its own.
+            Some(norm) if fused && h.head_dim <= 256 && kv.format == KvFormat::F16 => {
+                let shape = QkvShape {
+                    n_tokens: n,
+                    n_head: h.n_head,
+                    n_kv_head: h.n_head_kv,
+                    head_dim: h.head_dim,
+                    n_ctx: kv.n_ctx,
+                };
+                let caches = (&kv.k[il], &kv.v[il]);
+                ops.qk_norm_rope_store(
+                    &s.q, &s.k, &s.v, norm, &s.pos, &s.qn, caches, shape, h.rms_eps, &h.rope,
+                )?;
+                &s.qn
+            }
+            _ => self.qk_norm_rope_store_ops(ops, s, a, kv, il, n)?,
+        };
+        self.attend(ops, s, a, kv, il, n, per_row, q)
+    }
+
+    /// Q/K norms, rope and the K/V append as separate ops; the query buffer they leave.
+    fn qk_norm_rope_store_ops<'s>(
+        &self,
+        ops: &Ops<'_>,
+        s: &'s Scratch,
+        a: &Attention,
+        kv: &KvCache,
+        il: usize,
+        n: u32,
+    ) -> Result<&'s DeviceBuffer<f32>> {
+        let h = &self.hp;
         let (q, k) = match (h.qk_norm, &a.q_norm, &a.k_norm) {
             (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => (&s.q, &s.k),
             (QkNorm::PerHead, Some(qn), Some(kn)) => {
@@ -273,6 +353,24 @@ impl Model {
         ops.rope(q, &s.pos, n, h.n_head, h.head_dim, &h.rope)?;
         ops.rope(k, &s.pos, n, h.n_head_kv, h.head_dim, &h.rope)?;
         kv.store(ops, il, k, &s.v, &s.pos, h.kv_dim(), n)?;
+        Ok(q)
+    }
+
+    /// Attention of the rotated queries `q` over the cache, and the output projection
+    /// into `s.tmp`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        ops: &Ops<'_>,
+        s: &Scratch,
+        a: &Attention,
+        kv: &KvCache,
+        il: usize,
+        n: u32,
+        per_row: bool,
+        q: &DeviceBuffer<f32>,
+    ) -> Result<()> {
+        let h = &self.hp;
         let heads = (h.n_head, h.n_head_kv, h.head_dim);
         kv.attend(ops, il, q, &s.pos, &s.att, n, heads, h.attn_scale, per_row)?;
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
@@ -282,7 +380,10 @@ impl Model {
         Ok(())
     }
 
-    /// FFN of the normalised `s.xn` into `s.tmp`.
+    /// FFN of the normalised `s.xn` into `s.tmp`, or (`fused`, routed experts on the
+    /// device, no shared expert) left as the experts' rows in `s.moe_y` with their weights
+    /// in `s.expert_w` for combine_add_rms_norm to sum.
+    #[allow(clippy::too_many_arguments)]
     fn ffn<'e>(
         &self,
         ops: &Ops<'_>,
@@ -291,7 +392,8 @@ impl Model {
         il: usize,
         n: u32,
         experts: Option<&mut (dyn RoutedExperts + 'e)>,
-    ) -> Result<()> {
+        fused: bool,
+    ) -> Result<FfnOut> {
         let h = &self.hp;
         match ffn {
             Ffn::Dense { gate, up, down } => {
@@ -344,10 +446,27 @@ impl Model {
                     }
                     (None, Some(wg), Some(wu), Some(wd)) => {
                         let y = &s.moe_y;
-                        ops.mul_mat_experts(gate, wg, &s.xn, &s.expert_ids, &s.fa, n, k, false)?;
-                        ops.mul_mat_experts(up, wu, &s.xn, &s.expert_ids, &s.fb, n, k, false)?;
-                        ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
+                        // One launch for gate, up and SwiGLU where the fused form fits:
+                        // decode-sized batches (it takes one (token, slot) per unit, as
+                        // mul_mat_experts does for them) of one quantised type.
+                        let gate_up = fused
+                            && n <= 2
+                            && gate.ty == up.ty
+                            && gate.ty.block_size() > 1
+                            && (gate.m, gate.k) == (up.m, up.k);
+                        if gate_up {
+                            let ids = &s.expert_ids;
+                            ops.experts_gate_up((gate, wg), (up, wu), &s.xn, ids, &s.fc, n, k)?;
+                        } else {
+                            let ids = &s.expert_ids;
+                            ops.mul_mat_experts(gate, wg, &s.xn, ids, &s.fa, n, k, false)?;
+                            ops.mul_mat_experts(up, wu, &s.xn, ids, &s.fb, n, k, false)?;
+                            ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
+                        }
                         ops.mul_mat_experts(down, wd, &s.fc, &s.expert_ids, y, n, k, true)?;
+                        if fused && shared.is_none() {
+                            return Ok(FfnOut::Slots { n_used: k });
+                        }
                         ops.moe_combine(&s.moe_y, &s.expert_w, &s.tmp, n, k, h.n_embd)?;
                     }
                     (None, _, _, _) => return Err(ModelError::ExpertsNotOnDevice),
@@ -362,6 +481,14 @@ impl Model {
                 }
             }
         }
-        Ok(())
+        Ok(FfnOut::Tmp)
     }
+}
+
+/// Where an FFN left its output.
+enum FfnOut {
+    /// In `s.tmp`.
+    Tmp,
+    /// As `n_used` expert rows per token in `s.moe_y`, weighted by `s.expert_w`.
+    Slots { n_used: u32 },
 }

@@ -40,6 +40,13 @@ fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
     LaunchCfg::linear(units * threads as usize, threads)
 }
 
+/// A one-token product (the CUDA backend's matvec.cuh kernels): 128-thread blocks of
+/// `rows` rows (4 warps of MV_ROWS = 2 rows, or of 1 gate/up row pair).
+fn mv_blocks(m: u32, other: usize, rows: usize) -> LaunchCfg {
+    let units = (m as usize).div_ceil(rows) * other.max(1);
+    LaunchCfg::linear(units * (BLOCK / 2) as usize, BLOCK / 2)
+}
+
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
 fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
     let threads = dim
@@ -131,7 +138,12 @@ impl Ops<'_> {
             .u32(w.k)
             .u32(n);
         let tiles = (n as usize).div_ceil(MM_TOKENS_PER_TILE);
-        self.launch_cfg(KernelId::MulMat, mm_blocks(w.m, tiles, tiles == 1), args)
+        let cfg = if n == 1 {
+            mv_blocks(w.m, 1, 8)
+        } else {
+            mm_blocks(w.m, tiles, tiles == 1)
+        };
+        self.launch_cfg(KernelId::MulMat, cfg, args)
     }
 
     pub fn add(
@@ -344,7 +356,7 @@ impl Ops<'_> {
         // expert and row group (plus one for invalid ids), its tokens in tiles, so each
         // expert's weights are read once per tile instead of once per token.
         let cfg = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
-            mm_blocks(w.m, slots, true)
+            mv_blocks(w.m, slots, 8)
         } else {
             mm_blocks(w.m, slots.min(w.n_expert as usize) + 1, false)
         };
@@ -385,6 +397,7 @@ impl Ops<'_> {
             .u32(w.n_expert)
             .u64(slot_bytes)
             .u64(matrix_offset);
+        // One token per unit: matvec.cuh's 256-thread units of 16 rows.
         let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
         self.launch_cfg(KernelId::MulMatExpertsCached, blocks(units), args)
     }
@@ -450,4 +463,169 @@ impl Ops<'_> {
             .u32(m);
         self.launch(KernelId::SigmoidGateAdd, (n_tokens * m) as usize, args)
     }
+}
+
+/// The fused forms (module `fused` of crates/core/kernels.txt): a GPU capability; the
+/// forward pass runs the op sequences where the device lacks them.
+impl Ops<'_> {
+    /// Whether the device has every fused form.
+    pub fn has_fused(&self) -> bool {
+        [
+            KernelId::AddRmsNorm,
+            KernelId::CombineAddRmsNorm,
+            KernelId::QkNormRopeStore,
+            KernelId::ExpertsGateUp,
+        ]
+        .into_iter()
+        .all(|k| self.dev.supports(k))
+    }
+
+    /// `sum = a + b; y = rmsnorm(sum) * w` for `n_rows` rows of `w.len`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rms_norm(
+        &self,
+        a: &DeviceBuffer<f32>,
+        b: &DeviceBuffer<f32>,
+        sum: &DeviceBuffer<f32>,
+        w: &Vector,
+        y: &DeviceBuffer<f32>,
+        n_rows: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(a)
+            .read(b)
+            .write(sum)
+            .read(&w.buf)
+            .write(y)
+            .u32(n_rows)
+            .u32(w.len)
+            .f32(eps);
+        // rms_norm's shape, so the norms are bit for bit rms_norm's.
+        let cfg = block_per_row(n_rows as usize, w.len as usize);
+        self.launch_cfg(KernelId::AddRmsNorm, cfg, args)
+    }
+
+    /// `sum[t] = res[t] + Σ_j weights[t][j] ys[t][j]; y = rmsnorm(sum) * w`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn combine_add_rms_norm(
+        &self,
+        ys: &DeviceBuffer<f32>,
+        weights: &DeviceBuffer<f32>,
+        res: &DeviceBuffer<f32>,
+        sum: &DeviceBuffer<f32>,
+        w: &Vector,
+        y: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(ys)
+            .read(weights)
+            .read(res)
+            .write(sum)
+            .read(&w.buf)
+            .write(y)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(w.len)
+            .f32(eps);
+        let cfg = block_per_row(n_tokens as usize, w.len as usize);
+        self.launch_cfg(KernelId::CombineAddRmsNorm, cfg, args)
+    }
+
+    /// Per head: optional rms_norm (`norm`: the q and k norm weights), rope, then q into
+    /// `q_out` and k, v into the caches at `pos`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qk_norm_rope_store(
+        &self,
+        q: &DeviceBuffer<f32>,
+        k: &DeviceBuffer<f32>,
+        v: &DeviceBuffer<f32>,
+        norm: Option<(&Vector, &Vector)>,
+        pos: &DeviceBuffer<i32>,
+        q_out: &DeviceBuffer<f32>,
+        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        shape: QkvShape,
+        eps: f32,
+        r: &Rope,
+    ) -> Result<()> {
+        // Without norms the weight arguments are not read; any f32 buffer stands in.
+        let (qn, kn) = match norm {
+            Some((qn, kn)) => (&qn.buf, &kn.buf),
+            None => (q, k),
+        };
+        let args = Args::new()
+            .read(q)
+            .read(k)
+            .read(v)
+            .read(qn)
+            .read(kn)
+            .read(pos)
+            .write(q_out)
+            .write(caches.0)
+            .write(caches.1)
+            .u32(shape.n_tokens)
+            .u32(shape.n_head)
+            .u32(shape.n_kv_head)
+            .u32(shape.head_dim)
+            .u32(shape.n_ctx)
+            .u32(norm.is_some() as u32)
+            .f32(eps)
+            .u32(r.n_rot)
+            .u32(r.mode as u32)
+            .f32(r.freq_base)
+            .f32(r.freq_scale)
+            .f32(r.ext_factor)
+            .f32(r.attn_factor)
+            .f32(r.beta_fast)
+            .f32(r.beta_slow)
+            .u32(r.n_ctx_orig);
+        // One warp per (token, head): q, k and v heads.
+        let heads = shape.n_tokens as usize * (shape.n_head + 2 * shape.n_kv_head) as usize;
+        self.launch_cfg(KernelId::QkNormRopeStore, warp_per_row(heads), args)
+    }
+
+    /// `y[t][j] = swiglu(x[t] * Wg_e^T, x[t] * Wu_e^T)`, `e = ids[t][j]`; `gate` and `up` of
+    /// one quantised type.
+    #[allow(clippy::too_many_arguments)]
+    pub fn experts_gate_up(
+        &self,
+        gate: (&Experts, &DeviceBuffer<u8>),
+        up: (&Experts, &DeviceBuffer<u8>),
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        y: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+    ) -> Result<()> {
+        let (g, wg) = gate;
+        let (u, wu) = up;
+        let args = Args::new()
+            .read(wg)
+            .read(wu)
+            .read(x)
+            .read(ids)
+            .write(y)
+            .u32(g.ty.id())
+            .u32(g.m)
+            .u32(g.k)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u64(g.expert_bytes)
+            .u64(u.expert_bytes);
+        let slots = (n_tokens * n_used) as usize;
+        self.launch_cfg(KernelId::ExpertsGateUp, mv_blocks(g.m, slots, 4), args)
+    }
+}
+
+/// The attention shape [`Ops::qk_norm_rope_store`] works on.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvShape {
+    pub n_tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    pub n_ctx: u32,
 }

@@ -123,6 +123,11 @@ impl<'a> KernelArgs<'a> {
     }
 }
 
+/// Whether this backend has `kernel`: every listed kernel but the fused forms.
+pub fn supported(kernel: KernelId) -> bool {
+    kernel.module() != "fused"
+}
+
 /// Runs `kernel` with `args` on the calling thread.
 pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
     match kernel {
@@ -147,5 +152,14 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::AttentionQ8 => model::attention_q8(args),
         KernelId::MulMatExpertsCached => experts::mul_mat_experts_cached(args),
         KernelId::MoeCombineSplit => experts::moe_combine_split(args),
+        // The fused forms are a GPU capability: this backend runs their op sequences, which
+        // keeps it equal to llama.cpp op by op (`supported` says no).
+        KernelId::AddRmsNorm
+        | KernelId::CombineAddRmsNorm
+        | KernelId::QkNormRopeStore
+        | KernelId::ExpertsGateUp => Err(format!(
+            "{} is not a CPU kernel (run its op sequence instead)",
+            kernel.name()
+        )),
     }
 }

@@ -21,6 +21,10 @@ pub struct Args {
     /// Tokens to decode (0 skips).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     pub n_gen: usize,
+    /// Tokens already in the context when decoding starts (llama-bench's -d): 0, the
+    /// default, decodes from an empty context as llama-bench's tg does, whatever -p is.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions; the figures are the mean.
     #[arg(short = 'r', long, default_value_t = 1)]
     pub reps: usize,
@@ -115,7 +119,7 @@ fn print_profile(times: &[strata_core::KernelTime], steps: usize) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
-    let need = (args.n_prompt + args.n_gen + 1) as u32;
+    let need = (args.n_prompt.max(args.depth) + args.n_gen + 1) as u32;
     model_args.ctx = Some(model_args.ctx.unwrap_or(need).max(need));
     let loaded = common::load(&model_args)?;
     let vocab = loaded.model.hp.n_vocab;
@@ -159,6 +163,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             pp_s += t.elapsed().as_secs_f64();
         }
         if args.n_gen > 0 {
+            // Decode from `depth` tokens of context, not after the timed prompt.
+            ctx.truncate(0);
+            if args.depth > 0 {
+                let filler: Vec<u32> = (0..args.depth)
+                    .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                    .collect();
+                ctx.eval(&filler)?;
+            }
             let mut tok = (rng.next_u64() % vocab as u64) as u32;
             loaded.dev.kernel_times()?; // a profile covers the decode steps only
             let t = Instant::now();
@@ -226,6 +238,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "prefill_tokens": args.n_prompt,
             "prefill_tokens_per_s": pp,
             "decode_tokens": args.n_gen,
+            "decode_depth": args.depth,
             "decode_tokens_per_s": tg,
             "repetitions": reps,
             "graphs": !args.no_graphs,

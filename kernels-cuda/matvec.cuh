@@ -1,0 +1,143 @@
+// Matrix × vector for decode (one activation row per unit): the kernels the CUDA backend
+// launches in place of mul_mat, mul_mat_experts and mul_mat_experts_cached when a launch
+// carries one token (crates/backend-cuda/src/kernels.rs, VARIANTS).
+//
+// Bit for bit what matmul.cuh's mm_quant_unit computes for a one-row tile: the activation
+// is quantised by the same code, lane j of a warp dots sub-block j of every 1,024-value
+// step, the steps are summed in order and the lanes by the same warp reduction. So a
+// token's logits do not depend on whether it was decoded alone or in a batch (speculative
+// verify windows rely on that). What differs is only how the weights travel:
+// - no staging: each lane decodes its sub-block straight from global memory (aligned
+//   words, common.cuh's ld_u32), so nothing waits for a warp-wide copy;
+// - the unit's weight rows are prefetched into L2 before the activation is quantised, so
+//   the weight latency overlaps the quantisation instead of following it;
+// - one accumulator per row and a small activation buffer (MV_ACT_VALUES): fewer registers
+//   and less shared memory than the tiled kernel, so many more blocks fit an SM.
+#pragma once
+
+#include "common.cuh"
+#include "quant.cuh"
+#include "matmul.cuh"
+
+#define MV_ACT_VALUES 8192 // quantised activation values staged per block (longer rows in chunks)
+#define MV_ROWS 2          // weight rows per warp per unit (4 measured slower: fewer blocks, spills)
+
+// Rows of weights one unit covers for this block shape.
+__device__ __forceinline__ uint32_t mv_rows_per_unit() {
+    return (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * MV_ROWS;
+}
+
+struct MvShared {
+    int8_t q[MV_ACT_VALUES];
+    float d[MV_ACT_VALUES / 32];
+    float s[MV_ACT_VALUES / 32];
+};
+
+// Asks L2 for the 128-byte lines holding [p, p + bytes) (no register result, no wait).
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__)
+    const int lane = threadIdx.x & 31;
+    const uint64_t a0 = (uint64_t)p & ~(uint64_t)127, a1 = (uint64_t)p + bytes;
+    for (uint64_t a = a0 + (uint64_t)lane * 128; a < a1; a += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// Dots up to MV_ROWS weight rows of this warp (`wrows`, null for none; each row starts at
+// value 0 of the unit's activation row) with that activation row: out[r] in every lane.
+// Every thread of the block calls it (it quantises the activation with block barriers).
+template <class F>
+__device__ void mv_dot(MvShared& sh, const MmUnit& u, const uint8_t* const* wrows, float* out,
+                       uint64_t& staged_key) {
+    const int lane = threadIdx.x & 31;
+    constexpr int SUBS = F::QK / 32;
+    // Chunks of whole steps, as mm_quant_unit's (a chunk's length does not change a
+    // row's arithmetic: steps are summed in order either way).
+    uint32_t chunk = MV_ACT_VALUES / MM_STEP * MM_STEP;
+    if (chunk >= u.k) chunk = u.k;
+    const bool whole = chunk == u.k;
+    bool any = false;
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++) {
+        acc[r] = 0.0f;
+        any |= wrows[r] != nullptr;
+    }
+    for (uint32_t k0 = 0; k0 < u.k; k0 += chunk) {
+        const uint32_t len = min(chunk, u.k - k0);
+        const uint32_t wbytes = len / F::QK * F::BYTES;
+        const uint64_t wk0 = (uint64_t)(k0 / F::QK) * F::BYTES;
+#pragma unroll
+        for (int rr = 0; rr < MV_ROWS; rr++)
+            if (wrows[rr]) prefetch_l2(wrows[rr] + wk0, wbytes);
+        if (!(whole && staged_key == u.act_key)) {
+            __syncthreads();  // every warp is done with the previous quants
+            quantise_tile<F::ACT>(sh, u, k0, len);
+            __syncthreads();
+            staged_key = whole ? u.act_key : ~(uint64_t)0;
+        }
+        if (!any) continue;
+        for (uint32_t v0 = 0; v0 < len; v0 += MM_STEP) {
+            const uint32_t nv = min((uint32_t)MM_STEP, len - v0);
+            if ((uint32_t)lane * 32 >= nv) continue;
+            const uint64_t at = wk0 + (uint64_t)((v0 + lane * 32) / F::QK) * F::BYTES;
+#pragma unroll
+            for (int rr = 0; rr < MV_ROWS; rr++) {
+                if (!wrows[rr]) continue;
+                Sub s;
+                F::decode(wrows[rr] + at, lane % SUBS, s);
+                acc[rr] = __fadd_rn(acc[rr], dot_sub<F>(s, sh, v0 + lane * 32));
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < MV_ROWS; rr++) out[rr] = warp_sum(acc[rr]);
+}
+
+// Rows r0 + rr · nwarps + warp of the unit (as mm_quant_unit assigns them).
+template <class F>
+__device__ void mv_quant_unit(MvShared& sh, const MmUnit& u, uint64_t& staged_key) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
+    const uint8_t* wrows[MV_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < MV_ROWS; rr++) {
+        const uint32_t row = u.r0 + (uint32_t)(rr * nwarps + warp);
+        wrows[rr] = warp < nwarps && row < u.m ? u.w + row * u.row_bytes : nullptr;
+    }
+    float out[MV_ROWS];
+    mv_dot<F>(sh, u, wrows, out, staged_key);
+#pragma unroll
+    for (int rr = 0; rr < MV_ROWS; rr++)
+        if (wrows[rr] && lane == 0) u.y[u.r0 + (uint32_t)(rr * nwarps + warp)] = out[rr];
+}
+
+// Float weights: matmul.cuh's mm_float_unit over the unit's MV_ROWS rows a warp (it takes
+// MM_ROWS a warp), so each row is computed as the tiled kernel computes it.
+template <int T>
+__device__ void mv_float_unit(const MmUnit& u) {
+    const uint32_t nwarps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
+    MmUnit part = u;
+    for (int h = 0; h < MV_ROWS / MM_ROWS; h++) {
+        part.r0 = u.r0 + (uint32_t)h * MM_ROWS * nwarps;
+        mm_float_unit<T>(part);
+    }
+}
+
+// One unit (a single activation row: u.tn == 1, no gathered rows) with the code for `type`.
+__device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUnit& u,
+                                        uint64_t& staged_key) {
+    switch (type) {
+        case T_F32: mv_float_unit<T_F32>(u); break;
+        case T_F16: mv_float_unit<T_F16>(u); break;
+        case T_BF16: mv_float_unit<T_BF16>(u); break;
+#define MV_CASE(id, F) \
+    case id: mv_quant_unit<F>(sh, u, staged_key); break;
+        QUANT_FORMATS(MV_CASE)
+#undef MV_CASE
+        default: break;
+    }
+}
