@@ -12,6 +12,7 @@
 #include "quant.cuh"
 #include "matmul.cuh"
 #include "matvec.cuh"
+#include "slot_units.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
 
@@ -184,7 +185,6 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         type == T_BF16)
         return fused_fill_nan(y, slots * m);
     const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
-    const uint64_t groups = (m + rows - 1) / rows;
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = {};
     u.row_bytes = mm_row_bytes(type, k);
@@ -193,28 +193,15 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     u.tn = 1;
     u.m = m;
     u.k = k;
-    for (uint64_t un = blockIdx.x; un < slots * groups; un += gridDim.x) {
-        const uint64_t slot = un / groups;
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        const int32_t e = ids[slot];
-        if (e < 0) {
-            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                y[slot * m + r] = nan_f32();
-            continue;
-        }
-        const uint64_t xrow = slot / n_used;
-        u.w = wg + (uint64_t)e * expert_bytes_g;
-        u.x = x + xrow * k;
-        u.y = y + slot * m;
-        u.r0 = r0;
-        u.act_key = xrow;
-        const uint8_t* up = wu + (uint64_t)e * expert_bytes_u;
-        switch (type) {
+    for_each_slot_unit(wg, x, ids, y, slots, n_used, 0, expert_bytes_g, rows, u,
+                       [&](const MmUnit& g, int32_t e) {
+                           const uint8_t* up = wu + (uint64_t)e * expert_bytes_u;
+                           switch (type) {
 #define GU_CASE(id, F) \
-    case id: gate_up_unit<F>(sh, u, up, staged); break;
-            QUANT_FORMATS(GU_CASE)
+    case id: gate_up_unit<F>(sh, g, up, staged); break;
+                               QUANT_FORMATS(GU_CASE)
 #undef GU_CASE
-            default: break;
-        }
-    }
+                               default: break;
+                           }
+                       });
 }

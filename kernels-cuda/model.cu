@@ -23,6 +23,7 @@
 #include "quant.cuh"
 #include "matmul.cuh"
 #include "matvec.cuh"
+#include "slot_units.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
 
@@ -261,23 +262,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         u.x_rows = nullptr;
         u.y_rows = nullptr;
         u.tn = 1;
-        for (uint64_t un = blockIdx.x; un < slots * groups; un += gridDim.x) {
-            const uint64_t slot = un / groups;
-            const uint32_t r0 = (uint32_t)(un % groups) * rows;
-            const int32_t e = ids[slot];
-            if (e < 0) {
-                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                    y[slot * m + r] = nan_f32();
-                continue;
-            }
-            const uint64_t xrow = x_per_slot ? slot : slot / n_used;
-            u.w = w + (uint64_t)e * expert_bytes;
-            u.x = x + xrow * k;
-            u.y = y + slot * m;
-            u.r0 = r0;
-            u.act_key = xrow;
-            mm_unit(sh, type, u, staged);
-        }
+        for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, rows, u,
+                           [&](const MmUnit& v, int32_t) { mm_unit(sh, type, v, staged); });
         return;
     }
 
@@ -385,8 +371,6 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     __shared__ MvShared sh;
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = {};
     u.row_bytes = mm_row_bytes(type, k);
@@ -395,23 +379,8 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     u.tn = 1;
     u.m = m;
     u.k = k;
-    for (uint64_t un = blockIdx.x; un < slots * groups; un += gridDim.x) {
-        const uint64_t slot = un / groups;
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        const int32_t e = ids[slot];
-        if (e < 0) {
-            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                y[slot * m + r] = nan_f32();
-            continue;
-        }
-        const uint64_t xrow = x_per_slot ? slot : slot / n_used;
-        u.w = w + (uint64_t)e * expert_bytes;
-        u.x = x + xrow * k;
-        u.y = y + slot * m;
-        u.r0 = r0;
-        u.act_key = xrow;
-        mv_unit(sh, type, u, staged);
-    }
+    for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, mv_rows_per_unit(),
+                       u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
 }
 
 // ---- rope ----------------------------------------------------------------------------------
