@@ -26,13 +26,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use strata_core::{Device, Error};
 use strata_engine::Context;
 use strata_gguf::{GgufFile, QuantType};
 use strata_model::Model;
+use strata_model::models::smollm2_path;
 use strata_model::synth::{SynthArch, SynthSpec, synthesize};
 
 const FLOAT_MAX_TOL: f64 = 1e-3;
@@ -51,19 +51,6 @@ fn gpu(test: &str) -> Option<Device> {
         }
         Err(e) => panic!("a CUDA device is present but could not be opened: {e}"),
     }
-}
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::var_os("STRATA_MODEL_DIR")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-            })?
-            .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    p.exists().then_some(p)
 }
 
 /// The logits of the prompt's positions, then of each decode step, on `dev`, feeding the

@@ -12,6 +12,7 @@ use strata_engine::Context;
 use strata_engine::sampler::argmax;
 use strata_gguf::GgufFile;
 use strata_model::Model;
+use strata_model::models::smollm2_path;
 use strata_model::synth::{self, SynthSpec};
 
 fn golden(path: &str) -> PathBuf {
@@ -36,21 +37,6 @@ fn load(gguf: GgufFile) -> (strata_core::Device, Arc<Model>) {
     let dev = device();
     let model = Model::load(&dev, dev.main_stream(), Arc::new(gguf), |_, _| {}).unwrap();
     (dev, Arc::new(model))
-}
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::var_os("STRATA_MODEL_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-                })?;
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    p.exists().then_some(p)
 }
 
 /// The bound for SmolLM2: top-20 logits within 2e-2 of llama.cpp's, greedy tokens

@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 use strata_engine::Context;
 use strata_engine::perplexity::{PerplexityOptions, perplexity};
 use strata_gguf::GgufFile;
+use strata_model::models::smollm2_path;
 use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
 use strata_model::{KvFormat, Model};
 
@@ -26,21 +27,6 @@ const CTX: usize = 128;
 
 fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/perplexity")
-}
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::var_os("STRATA_MODEL_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-                })?;
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    p.exists().then_some(p)
 }
 
 #[test]

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use strata_core::Device;
@@ -14,23 +13,9 @@ use strata_engine::spec::{Drafter, NgramDrafter, SpecConfig, SpecStats, accept_p
 use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec, generate_with};
 use strata_gguf::GgufFile;
 use strata_model::Model;
+use strata_model::models::smollm2_path;
 use strata_model::synth::{self, SynthArch, SynthSpec};
 use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::var_os("STRATA_MODEL_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-                })?;
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    p.exists().then_some(p)
-}
 
 fn cpu() -> Device {
     strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env()).unwrap()

@@ -14,23 +14,9 @@ use strata_engine::spec::{DraftModel, DraftModelError, Drafter, SpecConfig};
 use strata_engine::{Context, GenerateParams, SamplingParams, generate_with};
 use strata_gguf::GgufFile;
 use strata_model::Model;
+use strata_model::models::smollm2_path;
 use strata_model::synth::{self, SynthSpec};
 use strata_model::tokenizer::Tokenizer;
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::var_os("STRATA_MODEL_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-                })?;
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    p.exists().then_some(p)
-}
 
 fn cpu() -> Device {
     strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env()).unwrap()

@@ -8,6 +8,7 @@ pub mod forward;
 pub mod hparams;
 pub mod kv;
 pub mod model;
+pub mod models;
 pub mod moe;
 pub mod ops;
 pub mod synth;

@@ -9,13 +9,13 @@
 mod http_client;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use http_client::{Reply, send, sse_events};
 use serde_json::{Value, json};
 use strata_engine::{Context, GenerateParams, SamplingParams, StopReason, generate};
 use strata_model::Model;
+use strata_model::models::smollm2_path;
 use strata_model::tokenizer::Tokenizer;
 use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
 
@@ -24,21 +24,6 @@ const MODEL: &str = "smollm2-test";
 const N_CTX: u32 = 1024;
 const MAX_TOKENS: usize = 20;
 const SYSTEM: &str = "You are a helpful assistant.";
-
-fn smollm2_path() -> Option<PathBuf> {
-    let p = match std::env::var_os("STRATA_SMOLLM2") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let dir = std::env::var_os("STRATA_MODEL_DIR")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata/models"))
-                })?;
-            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
-    };
-    p.exists().then_some(p)
-}
 
 /// SmolLM2's ChatML, written out: (role, content) pairs and the assistant prompt.
 fn chatml(messages: &[(&str, &str)]) -> String {
