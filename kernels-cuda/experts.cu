@@ -8,6 +8,7 @@
 #include "quant.cuh"
 #include "matmul.cuh"
 #include "matvec.cuh"
+#include "slot_units.cuh"
 
 // e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
 // matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
@@ -38,17 +39,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
         const int32_t s = table[e];
         if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
         const uint64_t xrow = x_per_slot ? p : p / n_used;
-        MmUnit u = {};  // fields this kernel does not set (gathered rows) stay null
+        MmUnit u = one_row_unit(type, m, k);
         u.w = slots + (uint64_t)s * slot_bytes + matrix_offset;
-        u.row_bytes = mm_row_bytes(type, k);
         u.x = x + xrow * k;
-        u.x_stride = k;
         u.y = y + p * m;
-        u.y_stride = m;
-        u.tn = 1;
         u.r0 = r0;
-        u.m = m;
-        u.k = k;
         u.act_key = xrow;
         mv_unit(sh, type, u, staged);
     }

@@ -186,13 +186,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         return fused_fill_nan(y, slots * m);
     const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
     uint64_t staged = ~(uint64_t)0;
-    MmUnit u = {};
-    u.row_bytes = mm_row_bytes(type, k);
-    u.x_stride = k;
-    u.y_stride = m;
-    u.tn = 1;
-    u.m = m;
-    u.k = k;
+    MmUnit u = one_row_unit(type, m, k);
     for_each_slot_unit(wg, x, ids, y, slots, n_used, 0, expert_bytes_g, rows, u,
                        [&](const MmUnit& g, int32_t e) {
                            const uint8_t* up = wu + (uint64_t)e * expert_bytes_u;

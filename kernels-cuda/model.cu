@@ -206,14 +206,8 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
     uint64_t staged = ~(uint64_t)0;
-    MmUnit u = {};
+    MmUnit u = one_row_unit(type, m, k);
     u.w = w;
-    u.row_bytes = mm_row_bytes(type, k);
-    u.x_stride = k;
-    u.y_stride = m;
-    u.tn = 1;
-    u.m = m;
-    u.k = k;
     for (uint64_t un = blockIdx.x; un < (uint64_t)n * groups; un += gridDim.x) {
         const uint64_t t = un / groups;
         u.x = x + t * k;
@@ -372,13 +366,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
     uint64_t staged = ~(uint64_t)0;
-    MmUnit u = {};
-    u.row_bytes = mm_row_bytes(type, k);
-    u.x_stride = k;
-    u.y_stride = m;
-    u.tn = 1;
-    u.m = m;
-    u.k = k;
+    MmUnit u = one_row_unit(type, m, k);
     for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, mv_rows_per_unit(),
                        u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
 }

@@ -7,6 +7,19 @@
 #include "common.cuh"
 #include "matmul.cuh"
 
+// A unit of one activation row (tn = 1, no gathered rows) over `m` x `k` weights of
+// `type`; the per-unit fields (w, x, y, r0, act_key) are left for the caller.
+__device__ __forceinline__ MmUnit one_row_unit(uint32_t type, uint32_t m, uint32_t k) {
+    MmUnit u = {};
+    u.row_bytes = mm_row_bytes(type, k);
+    u.x_stride = k;
+    u.y_stride = m;
+    u.tn = 1;
+    u.m = m;
+    u.k = k;
+    return u;
+}
+
 // `u` comes with the shape fields set (row_bytes, strides, tn = 1, m, k, no gathered rows);
 // each unit sets w, x, y, r0 and act_key, then calls run(u, e) for expert e.
 template <class Run>

@@ -91,33 +91,14 @@ impl KernelTiming {
         let mut out: Vec<KernelTime> = Vec::new();
         let mut first_err = None;
         for (kernel, start, end) in pending {
-            let (a, b) = (start as sys::CUevent, end as sys::CUevent);
-            let mut ms = 0f32;
+            let r = elapsed_ms(start, end);
             // SAFETY: events this module created and recorded; destroyed once, here.
-            let r = unsafe {
-                check("cuEventSynchronize", sys::cuEventSynchronize(b)).and_then(|_| {
-                    check(
-                        "cuEventElapsedTime",
-                        sys::cuEventElapsedTime_v2(&mut ms, a, b),
-                    )
-                })
-            };
             unsafe {
-                sys::cuEventDestroy_v2(a);
-                sys::cuEventDestroy_v2(b);
+                sys::cuEventDestroy_v2(start as sys::CUevent);
+                sys::cuEventDestroy_v2(end as sys::CUevent);
             }
             match r {
-                Ok(()) => match out.iter_mut().find(|t| t.kernel == kernel) {
-                    Some(t) => {
-                        t.launches += 1;
-                        t.seconds += f64::from(ms) / 1e3;
-                    }
-                    None => out.push(KernelTime {
-                        kernel,
-                        launches: 1,
-                        seconds: f64::from(ms) / 1e3,
-                    }),
-                },
+                Ok(ms) => add(&mut out, kernel, ms),
                 Err(e) => first_err = first_err.or(Some(e)),
             }
         }
@@ -134,35 +115,44 @@ impl KernelTiming {
         let c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<KernelTime> = Vec::new();
         for &(kernel, start, end) in &c.events {
-            let (a, b) = (start as sys::CUevent, end as sys::CUevent);
-            let mut ms = 0f32;
-            // SAFETY: events this module created; a graph replay recorded them (else the
-            // query fails and the pair is skipped).
-            let r = unsafe {
-                check("cuEventSynchronize", sys::cuEventSynchronize(b)).and_then(|_| {
-                    check(
-                        "cuEventElapsedTime",
-                        sys::cuEventElapsedTime_v2(&mut ms, a, b),
-                    )
-                })
-            };
-            if r.is_err() {
-                continue;
-            }
-            match out.iter_mut().find(|t| t.kernel == kernel) {
-                Some(t) => {
-                    t.launches += 1;
-                    t.seconds += f64::from(ms) / 1e3;
-                }
-                None => out.push(KernelTime {
-                    kernel,
-                    launches: 1,
-                    seconds: f64::from(ms) / 1e3,
-                }),
+            // A pair no replay has recorded yet fails the query and is skipped.
+            if let Ok(ms) = elapsed_ms(start, end) {
+                add(&mut out, kernel, ms);
             }
         }
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         out
+    }
+}
+
+/// Milliseconds between two recorded events of this module (waits for the second).
+fn elapsed_ms(start: usize, end: usize) -> Result<f32> {
+    let (a, b) = (start as sys::CUevent, end as sys::CUevent);
+    let mut ms = 0f32;
+    // SAFETY: events this module created; writes one float.
+    unsafe {
+        check("cuEventSynchronize", sys::cuEventSynchronize(b))?;
+        check(
+            "cuEventElapsedTime",
+            sys::cuEventElapsedTime_v2(&mut ms, a, b),
+        )?;
+    }
+    Ok(ms)
+}
+
+/// Adds one launch of `kernel` taking `ms` to the per-kernel sums.
+fn add(out: &mut Vec<KernelTime>, kernel: KernelId, ms: f32) {
+    let seconds = f64::from(ms) / 1e3;
+    match out.iter_mut().find(|t| t.kernel == kernel) {
+        Some(t) => {
+            t.launches += 1;
+            t.seconds += seconds;
+        }
+        None => out.push(KernelTime {
+            kernel,
+            launches: 1,
+            seconds,
+        }),
     }
 }
 
