@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use super::check::{Format, elems, fits, format, prefix, prefix_mut};
 use super::par::{self, DisjointOut};
-use super::tiles::{COLS, ROWS, ROWS8, Tiles, tiles};
+use super::tiles::{COLS, ROWS, ROWS8, Tiles, small, tiles};
 use crate::kernels::KernelArgs;
 
 /// Weight rows kept in L1 while a block of activation rows passes (for k = 4096 in
@@ -136,6 +136,9 @@ impl Gemm<'_> {
                     self.put(oi, r, out[0]);
                 }
             }
+            // A small batch (a speculative verify window): each weight row read once for
+            // all its activation rows, where the format has a panel kernel (tiles_small.rs).
+            (Some(_), cols) if small::fits(cols.len()) && self.small_batch(p, cols, r0, r1) => {}
             // A batch: each weight row against COLS activation rows at once, a block of
             // weight rows staying in L1 while a block of activation rows streams past.
             (Some(t), cols) if cols.len() > 1 => {
@@ -184,6 +187,27 @@ impl Gemm<'_> {
                 }
             }
         }
+    }
+
+    /// Output rows `r0..r1` of `p` through a [`small::Panel`]; false (nothing written)
+    /// when the format or this CPU has no panel kernel.
+    fn small_batch(&self, p: &Product<'_>, cols: &[(usize, usize)], r0: usize, r1: usize) -> bool {
+        if !small::has_kernel(self.f.ty) {
+            return false;
+        }
+        let acts: Vec<&[u8]> = cols.iter().map(|&(ai, _)| self.act(ai)).collect();
+        let Some(panel) = small::Panel::new(self.f.ty, self.k, &acts) else {
+            return false;
+        };
+        let rb = self.f.row_bytes;
+        let mut out = [0f32; small::MAX_ROWS];
+        for r in r0..r1 {
+            panel.dot(&p.w[r * rb..(r + 1) * rb], &mut out);
+            for (&(_, oi), &v) in cols.iter().zip(&out) {
+                self.put(oi, r, v);
+            }
+        }
+        true
     }
 
     /// Runs every product, split over the pool by ranges of weight rows.
