@@ -35,7 +35,8 @@ pub struct Panel {
     nb: usize,
     /// `qs[(i * n + c) * 32..][..32]`: block i of row c.
     qs: Vec<u8>,
-    /// `d[i * n + c]`: block i's scale of row c.
+    /// `d[(i * n + c) * 8..][..8]`: block i's scale of row c, in all 8 lanes (a
+    /// multiply reads it from memory: no broadcast per block and row).
     d: Vec<f32>,
     /// Q8_1: `s[i * 8 + c]`, block i's `s` of row c (lanes past n zero). Q8_0:
     /// `start[(i * n + c) * 8 + l]` = `-128 · Σ` of lane l's 4 quants of block i, row c.
@@ -78,7 +79,7 @@ impl Panel {
             n,
             nb,
             qs: vec![0; nb * n * QK],
-            d: vec![0.0; nb * n],
+            d: vec![0.0; nb * n * 8],
             s: Vec::new(),
             start: Vec::new(),
         };
@@ -91,7 +92,7 @@ impl Panel {
                 let b = &a[i * yb..(i + 1) * yb];
                 let q = &b[qo..qo + QK];
                 p.qs[(i * n + c) * QK..][..QK].copy_from_slice(q);
-                p.d[i * n + c] = f16_at(b, 0);
+                p.d[(i * n + c) * 8..][..8].fill(f16_at(b, 0));
                 if ty == QuantType::Q4_1 {
                     p.s[i * MAX_ROWS + c] = f16_at(b, 2);
                 } else {
@@ -211,7 +212,7 @@ mod avx512 {
                 for (c, a) in acc.iter_mut().enumerate() {
                     let y = _mm256_loadu_si256(qs.add((i * N + c) * QK).cast());
                     let lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, y);
-                    let dd = _mm256_mul_ps(xdv, _mm256_broadcast_ss(&*d.add(i * N + c)));
+                    let dd = _mm256_mul_ps(xdv, _mm256_loadu_ps(d.add((i * N + c) * 8)));
                     *a = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), *a);
                 }
                 let sv = _mm256_loadu_ps(s.add(i * MAX_ROWS));
@@ -248,7 +249,7 @@ mod avx512 {
                     let y = _mm256_loadu_si256(qs.add(j * QK).cast());
                     let start = _mm256_loadu_si256(st.add(j * 8).cast());
                     let lanes = _mm256_dpbusd_epi32(start, w, y);
-                    let dd = _mm256_mul_ps(xdv, _mm256_broadcast_ss(&*d.add(j)));
+                    let dd = _mm256_mul_ps(xdv, _mm256_loadu_ps(d.add(j * 8)));
                     *a = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(lanes), *a);
                 }
             }
