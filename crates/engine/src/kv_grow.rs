@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_core::{Device, DeviceBuffer, Stream};
-use strata_model::{KvFormat, Model};
+use strata_model::{KvCache, KvFormat, Model};
 
 use crate::context::Context;
 use crate::error::{EngineError, Result};
@@ -165,6 +165,18 @@ fn step_target(needed: usize, init: usize, step: usize, max: usize) -> usize {
     (init + needed.saturating_sub(init).div_ceil(step) * step).min(max)
 }
 
+/// The free bytes an out-of-memory error reports, if `e` is one.
+fn out_of_memory(e: &EngineError) -> Option<u64> {
+    let d = match e {
+        EngineError::Device(d) | EngineError::Model(strata_model::ModelError::Device(d)) => d,
+        _ => return None,
+    };
+    match d {
+        strata_core::Error::OutOfMemory { free, .. } => Some(*free as u64),
+        _ => None,
+    }
+}
+
 impl Context {
     /// A context of `max_ctx` positions whose K/V starts at `opts.init` cells and grows on
     /// demand: only the initial cells are allocated now. Its forward passes feed at most
@@ -232,6 +244,23 @@ impl Context {
         self.kv = kv;
         // A captured step reads the old buffers.
         self.decode_graph = None;
+        Ok(())
+    }
+
+    /// Replaces the K/V by an empty one of `cells`, the old one freed first: every
+    /// position is forgotten (a trimmed conversation has been parked).
+    fn replace_kv_empty(&mut self, cells: u32) -> Result<()> {
+        self.tokens.clear();
+        self.decode_graph = None;
+        let none = KvCache::with_format(&self.dev, &self.model, 0, self.kv.format)?;
+        drop(std::mem::replace(&mut self.kv, none));
+        // The old buffers are freed once the stream is past their last use, when core
+        // next collects (the allocation below does).
+        self.dev.record(self.stream)?.wait()?;
+        self.kv = KvCache::with_format(&self.dev, &self.model, cells, self.kv.format)?;
+        tracing::warn!(
+            "K/V trim: the old and the trimmed K/V did not fit side by side; the context starts empty"
+        );
         Ok(())
     }
 
@@ -303,20 +332,19 @@ impl Context {
             }
             None => None,
         };
-        self.resize_kv(target as u32).map_err(|e| match e {
-            // Another allocation won the race for the memory measured above.
-            EngineError::Device(strata_core::Error::OutOfMemory { free, .. }) => {
-                EngineError::KvFull {
+        self.resize_kv(target as u32)
+            .map_err(|e| match out_of_memory(&e) {
+                // Another allocation won the race for the memory measured above.
+                Some(free) => EngineError::KvFull {
                     needed,
                     cells: target as u32,
                     bytes: bytes(target),
                     have: cur as u32,
-                    free: free as u64,
+                    free,
                     reserve,
-                }
-            }
-            other => other,
-        })?;
+                },
+                None => e,
+            })?;
         // The stall is until the rows have moved: the next step waits for that too.
         self.dev.record(self.stream)?.wait()?;
         let mut line = format!("K/V grown to {target} cells ({})", size(bytes(target)));
@@ -362,7 +390,13 @@ impl Context {
         }
         let t0 = Instant::now();
         self.tokens.truncate(init as usize);
-        self.resize_kv(init)?;
+        let resized = match self.resize_kv(init) {
+            // Other contexts grew meanwhile: the old and the new K/V do not fit side by side.
+            Err(e) if out_of_memory(&e).is_some() => self.replace_kv_empty(init),
+            other => other,
+        };
+        // The slots go back even when the K/V could not be replaced (the caller drops a
+        // context whose trim failed), so the cache does not stay short of them.
         let change = match &self.experts {
             Some(cache) => {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -372,6 +406,10 @@ impl Context {
             }
             None => None,
         };
+        if let Some(g) = &mut self.grow {
+            g.stats.slots_held = 0;
+        }
+        resized?;
         self.dev.record(self.stream)?.wait()?;
         let bytes = self.kv.format.bytes_for(&self.model, u64::from(init));
         let mut line = format!("K/V trimmed to {init} cells ({})", size(bytes));

@@ -220,3 +220,41 @@ fn a_trim_returns_only_its_own_slots() {
     b.trim_kv().unwrap();
     assert_eq!(cache.lock().unwrap().slots_taken(), 0);
 }
+
+/// A trim whose old and new K/V do not fit side by side (another allocation took the
+/// memory meanwhile; here a buffer of the test's) frees the old one first: the context
+/// starts empty, nothing fails, and the slots return to the cache.
+#[test]
+fn a_trim_without_room_for_both_copies_starts_the_context_empty() {
+    let g = model_file();
+    let mut o = CpuOptions::from_env();
+    o.memory_limit = Some(64 << 20);
+    let dev = strata_backend_cpu::device(o).unwrap();
+    let (model, cache) = setup(&dev, &g);
+    let opts = KvGrowOptions {
+        init: INIT,
+        step: 768,
+        reserve: 0,
+    };
+    let mut a =
+        Context::with_kv_grow(model.clone(), dev.clone(), 1024, 512, KvFormat::F16, opts).unwrap();
+    a.set_expert_cache(Some(cache.clone()));
+    a.eval(&tokens(600, 1)).unwrap();
+    assert_eq!(a.kv_cells(), 1024);
+    assert!(cache.lock().unwrap().slots_taken() > 0);
+    dev.synchronize().unwrap();
+    // Everything free but one cell short of a trimmed K/V.
+    let free = dev.memory().unwrap().free;
+    let hog = dev.alloc::<u8>(free - 255 * 256).unwrap();
+    a.trim_kv().unwrap();
+    assert_eq!(a.kv_cells(), INIT as usize);
+    assert!(a.tokens().is_empty());
+    assert_eq!(cache.lock().unwrap().slots_taken(), 0);
+    assert_eq!(a.kv_grow_stats().unwrap().trims, 1);
+    drop(hog);
+    // The context works on, and grows again.
+    a.eval(&tokens(300, 5)).unwrap();
+    assert_eq!(a.kv_cells(), 1024);
+    dev.synchronize().unwrap();
+    assert!(dev.take_hazards().is_empty());
+}
