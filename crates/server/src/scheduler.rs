@@ -353,7 +353,12 @@ impl Scheduler {
             }
         }
         for i in broken.into_iter().rev() {
-            slots.remove(i);
+            let mut slot = slots.remove(i);
+            // A context that panicked was not trimmed: its expert-cache slots go back.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| slot.ctx.trim_kv()));
+            if slot.ctx.kv_grow_stats().is_some_and(|s| s.slots_held > 0) {
+                tracing::warn!("a dropped context's expert-cache slots could not be returned");
+            }
         }
     }
 
