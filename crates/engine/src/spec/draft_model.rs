@@ -53,11 +53,12 @@ pub fn same_vocabulary(draft: &Model, target: &Model) -> Result<(), DraftModelEr
             target.hp.n_vocab
         ));
     }
-    if let Some(i) = (0..d.tokens.len()).find(|&i| d.tokens[i] != t.tokens[i]) {
+    let pairs = d.tokens.iter_bytes().zip(t.tokens.iter_bytes());
+    if let Some((i, (a, b))) = pairs.enumerate().find(|(_, (a, b))| a != b) {
         return bad(format!(
             "token {i} is {:?} there and {:?} in the target",
-            String::from_utf8_lossy(&d.tokens[i]),
-            String::from_utf8_lossy(&t.tokens[i])
+            String::from_utf8_lossy(a),
+            String::from_utf8_lossy(b)
         ));
     }
     Ok(())
