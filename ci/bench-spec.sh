@@ -6,7 +6,8 @@
 # on the same prompts, plain and speculative requests alternating.
 #   ci/bench-spec.sh          REPS (default 3), K (4), N_1K (tokens for rewrite_1k, 1024),
 #                             WORKLOADS (default "rewrite_function repeat_function rewrite_1k"),
-#                             LLAMA_BIN (folder of llama-server; LLAMA=0 skips the anchor)
+#                             LLAMA_BIN (folder of llama-server; LLAMA=0 skips the anchor),
+#                             LLAMA_REPS (anchor runs per workload, default REPS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${REPS:-3}; k=${K:-4}; n1k=${N_1K:-1024}
@@ -86,7 +87,7 @@ if [ "${LLAMA:-1}" != 0 ] && [ -x "$llama_bin/llama-server" ]; then
   printf '| workload | plain tok/s | ngram-simple tok/s | speed-up | drafts accepted |\n|---|---|---|---|---|\n'
   for w in $workloads; do
     : >"$out/l.plain"; : >"$out/l.spec"
-    for r in $(seq "$reps"); do
+    for r in $(seq "${LLAMA_REPS:-$reps}"); do
       serve; ask "$w" >>"$out/l.plain"; kill "$pid"; wait "$pid" 2>/dev/null || true
       serve --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$k"
       ask "$w" >>"$out/l.spec"; kill "$pid"; wait "$pid" 2>/dev/null || true
