@@ -30,6 +30,7 @@
 
 #define ATT_CHUNK 64        // cache rows per chunk
 #define ATT_STORED_CHUNKS 8  // chunks a block keeps the scores of
+#define ATT_PV_ROWS 16      // V rows a thread loads at once
 #define ATT_HEADS 8u        // query heads per unit
 #define ATT_MAX_THREADS 256  // the block size the shared arrays are sized for
 #define ATT_MAX_HEAD_DIM 256
@@ -86,6 +87,19 @@ __device__ __forceinline__ void att_cluster_sync() { __syncthreads(); }
 __device__ __forceinline__ float att_cluster_load(const float* local, uint32_t) { return *local; }
 __device__ __forceinline__ double att_cluster_load_f64(const double* local, uint32_t) { return *local; }
 #endif
+
+// Asks L2 for the 128-byte lines holding [p, p + bytes), from one thread (no result, no
+// wait): a block's later chunks then load from L2 instead of waiting on memory in turn.
+__device__ __forceinline__ void att_prefetch(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__)
+    const uint64_t a1 = (uint64_t)p + bytes;
+    for (uint64_t a = (uint64_t)p & ~(uint64_t)127; a < a1; a += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
 
 // Where dimension d of head h of the unit's queries sits in shared memory: each quarter of
 // the dimensions shifted by one bank, so the four threads of a row read different banks.
@@ -144,6 +158,11 @@ struct AttKvF16 {
             }
         }
     }
+    // Row j's K and V of the unit's head into L2.
+    __device__ __forceinline__ void prefetch(uint64_t j) const {
+        att_prefetch(k + j * row + head_at, 2 * head_dim);
+        att_prefetch(v + j * row + head_at, 2 * head_dim);
+    }
     // Dimensions 2p and 2p + 1 of row j's V.
     __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
         const uint32_t v2 = *(const uint32_t*)(v + j * row + head_at + 2 * p);
@@ -190,6 +209,10 @@ struct AttKvQ8 {
             for (uint32_t h = 0; h < ATT_HEADS; h++)
                 if (h < nh) part[h] = fmaf(ds, seg[h], part[h]);
         }
+    }
+    __device__ __forceinline__ void prefetch(uint64_t j) const {
+        att_prefetch(k + j * row + head_at, 2 * (uint32_t)head_stride);
+        att_prefetch(v + j * row + head_at, 2 * (uint32_t)head_stride);
     }
     __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
         const uint16_t* blk = v + j * row + head_at + (2 * p / 32) * 17;
@@ -295,6 +318,12 @@ __device__ __forceinline__ void attention_split(const float* q, const int32_t* p
             return dst;
         };
         const uint64_t mine = chunks > rank ? (chunks - rank + ATT_CLUSTER - 1) / ATT_CLUSTER : 0;
+        // Every row of the block's later chunks into L2 now (the first chunk is loaded at
+        // once anyway), so their loads overlap this chunk's work.
+        for (uint64_t i = ATT_CHUNK + tid; i < mine * ATT_CHUNK; i += T) {
+            const uint64_t j = (rank + (i / ATT_CHUNK) * ATT_CLUSTER) * ATT_CHUNK + i % ATT_CHUNK;
+            if (j < span) kv.prefetch(j);
+        }
 
         // 1. Scores and their maximum per head (a warp per head).
         for (uint64_t k = 0; k < mine; k++) {
@@ -361,16 +390,25 @@ __device__ __forceinline__ void attention_split(const float* q, const int32_t* p
             }
             __syncthreads();
             if (subset < subsets) {
-#pragma unroll 4
-                for (uint32_t r = subset; r < rows; r += subsets) {
-                    float va, vb;
-                    kv.v_pair(row0 + r, pair, va, vb);
+                // ATT_PV_ROWS of this thread's rows loaded together, then summed in order.
+                for (uint32_t r0 = subset; r0 < rows; r0 += ATT_PV_ROWS * subsets) {
+                    float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
 #pragma unroll
-                    for (uint32_t h = 0; h < ATT_HEADS; h++) {
-                        if (h < nh) {
-                            const float pr = s[h * ATT_CHUNK + r];
-                            acc[h][0] = fmaf(pr, va, acc[h][0]);
-                            acc[h][1] = fmaf(pr, vb, acc[h][1]);
+                    for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+                        const uint32_t r = r0 + i * subsets;
+                        if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
+                    }
+#pragma unroll
+                    for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+                        const uint32_t r = r0 + i * subsets;
+                        if (r >= rows) break;
+#pragma unroll
+                        for (uint32_t h = 0; h < ATT_HEADS; h++) {
+                            if (h < nh) {
+                                const float pr = s[h * ATT_CHUNK + r];
+                                acc[h][0] = fmaf(pr, va[i], acc[h][0]);
+                                acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
+                            }
                         }
                     }
                 }
