@@ -18,6 +18,24 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("elastic K/V: {0}")]
     BadKvGrow(String),
+    /// The elastic K/V cannot grow without eating into `--vram-reserve-mib` (kv_grow.rs).
+    #[error(
+        "the K/V cannot grow to hold {needed} positions: {cells} cells take {:.1} MiB of device memory (it holds {have} cells now), {:.1} MiB is free and --vram-reserve-mib keeps {:.1} MiB of it; shorten the conversation, lower --ctx, or use --kv int8 or fewer --expert-cache slots",
+        mib(*bytes), mib(*free), mib(*reserve)
+    )]
+    KvFull {
+        needed: usize,
+        /// The smallest K/V that would hold them, and its bytes.
+        cells: u32,
+        bytes: u64,
+        have: u32,
+        free: u64,
+        reserve: u64,
+    },
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -2,12 +2,24 @@
 //! `step` cells when a batch needs more, taking expert-cache slots for the bytes (the hot
 //! experts of the taken slots move into colder experts' slots); at the end of a request, or
 //! when a conversation is parked, it trims back to `init` and the slots return to the cache,
-//! refilled from the profile. Each grow and trim logs one line. The held rows move by
-//! ordered device copies, and every table change is an ordered upload (experts/cache).
+//! refilled from the profile. Each grow and trim logs one line, with its stall. The held
+//! rows move by ordered device copies, and every table change is an ordered upload
+//! (experts/cache).
+//!
+//! Every growth is sized against the device's free memory less `--vram-reserve-mib`: a
+//! step that does not fit shrinks to what the batch needs, and when even that does not fit
+//! the batch is refused with [`EngineError::KvFull`] before anything changes (the context
+//! still holds its conversation; the server ends the request with "length").
+//!
+//! The slots are lent logically: the K/V gets fresh device buffers and the slots' memory
+//! stays allocated (reusing it needs a paged K/V), so the memory check is of real
+//! allocations, which is what can run out.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_core::{Device, DeviceBuffer, Stream};
+use strata_model::{KvCache, KvFormat, Model};
 
 use crate::context::Context;
 use crate::error::{EngineError, Result};
@@ -17,11 +29,20 @@ use crate::experts::{SlotChange, TableUpload};
 pub const DEFAULT_INIT: u32 = 4096;
 pub const DEFAULT_STEP: u32 = 2048;
 
-/// Where the K/V starts and how it grows.
+/// A step that does not fit beside the reserve shrinks to the batch's need, rounded up to
+/// this many cells.
+const SHORT_STEP_CELLS: usize = 256;
+
+/// Stall samples (and log lines) a context keeps: a server runs for weeks.
+const KEPT: usize = 1024;
+
+/// Where the K/V starts, how it grows, and what device memory it leaves alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvGrowOptions {
     pub init: u32,
     pub step: u32,
+    /// Device bytes no growth may take (`--vram-reserve-mib`).
+    pub reserve: u64,
 }
 
 impl Default for KvGrowOptions {
@@ -29,6 +50,7 @@ impl Default for KvGrowOptions {
         KvGrowOptions {
             init: DEFAULT_INIT,
             step: DEFAULT_STEP,
+            reserve: 0,
         }
     }
 }
@@ -50,7 +72,18 @@ impl KvGrowOptions {
         Ok(KvGrowOptions {
             init: var("STRATA_KV_GROW_INIT", DEFAULT_INIT)?,
             step: var("STRATA_KV_GROW_STEP", DEFAULT_STEP)?,
+            reserve: 0,
         })
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.init == 0 || self.step == 0 {
+            return Err(EngineError::BadKvGrow(format!(
+                "init {} and step {} must be positive",
+                self.init, self.step
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -59,14 +92,47 @@ impl KvGrowOptions {
 pub struct KvGrowStats {
     pub grows: u32,
     pub trims: u32,
+    /// Batches refused because the K/V could not grow beside the reserve.
+    pub refusals: u32,
     /// Slots the K/V holds now.
     pub slots_held: usize,
-    /// The longest grow and trim, in seconds (host time, the copies and table uploads
-    /// included).
+    /// The longest grow and trim, in seconds (host time until the moved rows, the slot
+    /// copies and the table uploads have landed: the stall the next step would see).
     pub max_grow_s: f64,
     pub max_trim_s: f64,
-    /// The log lines, in order.
-    pub log: Vec<String>,
+    /// Each grow's and trim's time, in order (the latest 1024).
+    pub grow_s: VecDeque<f64>,
+    pub trim_s: VecDeque<f64>,
+    /// The log lines, in order (the latest 1024).
+    pub log: VecDeque<String>,
+}
+
+impl KvGrowStats {
+    pub fn median_grow_s(&self) -> f64 {
+        median(&self.grow_s)
+    }
+
+    pub fn median_trim_s(&self) -> f64 {
+        median(&self.trim_s)
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count); 0 when empty.
+pub fn median(xs: &VecDeque<f64>) -> f64 {
+    let mut v: Vec<f64> = xs.iter().copied().collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn keep_last<T>(q: &mut VecDeque<T>, x: T) {
+    if q.len() == KEPT {
+        q.pop_front();
+    }
+    q.push_back(x);
 }
 
 pub(crate) struct KvGrowState {
@@ -93,16 +159,52 @@ fn ordered(
     dev.upload(buf, host, s)
 }
 
+/// Cells a grow to hold `needed` positions asks for: `init` plus whole steps, at most
+/// `max`.
+fn step_target(needed: usize, init: usize, step: usize, max: usize) -> usize {
+    (init + needed.saturating_sub(init).div_ceil(step) * step).min(max)
+}
+
+/// The free bytes an out-of-memory error reports, if `e` is one.
+fn out_of_memory(e: &EngineError) -> Option<u64> {
+    let d = match e {
+        EngineError::Device(d) | EngineError::Model(strata_model::ModelError::Device(d)) => d,
+        _ => return None,
+    };
+    match d {
+        strata_core::Error::OutOfMemory { free, .. } => Some(*free as u64),
+        _ => None,
+    }
+}
+
 impl Context {
+    /// A context of `max_ctx` positions whose K/V starts at `opts.init` cells and grows on
+    /// demand: only the initial cells are allocated now. Its forward passes feed at most
+    /// `min(n_batch, init)` tokens (the scratch is sized beside the first K/V).
+    pub fn with_kv_grow(
+        model: std::sync::Arc<Model>,
+        dev: Device,
+        max_ctx: u32,
+        n_batch: u32,
+        format: KvFormat,
+        opts: KvGrowOptions,
+    ) -> Result<Self> {
+        opts.check()?;
+        let mut ctx = Context::with_kv(model, dev, opts.init.min(max_ctx), n_batch, format)?;
+        ctx.max_ctx = max_ctx;
+        ctx.grow = Some(KvGrowState {
+            opts,
+            stats: KvGrowStats::default(),
+        });
+        Ok(ctx)
+    }
+
     /// Turns elastic K/V on (trimming the K/V to `opts.init` cells now) or off (the K/V
     /// back to the whole context).
     pub fn set_kv_grow(&mut self, opts: Option<KvGrowOptions>) -> Result<()> {
         match opts {
-            Some(o) if o.init == 0 || o.step == 0 => Err(EngineError::BadKvGrow(format!(
-                "init {} and step {} must be positive",
-                o.init, o.step
-            ))),
             Some(o) => {
+                o.check()?;
                 self.grow = Some(KvGrowState {
                     opts: o,
                     stats: KvGrowStats::default(),
@@ -145,7 +247,40 @@ impl Context {
         Ok(())
     }
 
-    /// Grows the K/V (elastic only) so it holds at least `needed` cells.
+    /// Replaces the K/V by an empty one of `cells`, the old one freed first: every
+    /// position is forgotten (a trimmed conversation has been parked).
+    fn replace_kv_empty(&mut self, cells: u32) -> Result<()> {
+        self.tokens.clear();
+        self.decode_graph = None;
+        let none = KvCache::with_format(&self.dev, &self.model, 0, self.kv.format)?;
+        drop(std::mem::replace(&mut self.kv, none));
+        // The old buffers are freed once the stream is past their last use, when core
+        // next collects (the allocation below does).
+        self.dev.record(self.stream)?.wait()?;
+        self.kv = KvCache::with_format(&self.dev, &self.model, cells, self.kv.format)?;
+        tracing::warn!(
+            "K/V trim: the old and the trimmed K/V did not fit side by side; the context starts empty"
+        );
+        Ok(())
+    }
+
+    /// Device bytes a new K/V may take: free memory less the reserve. With `release`,
+    /// first lets the device free the buffers it has finished with (an earlier trim's old
+    /// K/V is freed only once its copies are done, and only when core next looks).
+    fn kv_room(&self, reserve: u64, release: bool) -> Result<(u64, u64)> {
+        if release {
+            self.dev.record(self.stream)?.wait()?;
+            // An allocation collects what the device has finished with; a byte is the
+            // least one.
+            drop(self.dev.alloc::<u8>(0)?);
+        }
+        let free = self.dev.memory()?.free as u64;
+        Ok((free, free.saturating_sub(reserve)))
+    }
+
+    /// Grows the K/V (elastic only) so it holds at least `needed` cells, within the
+    /// memory the reserve leaves; refuses with [`EngineError::KvFull`], changing nothing,
+    /// when even `needed` cells do not fit.
     pub(crate) fn ensure_kv(&mut self, needed: usize) -> Result<()> {
         let Some(g) = &self.grow else {
             return Ok(());
@@ -155,11 +290,40 @@ impl Context {
             return Ok(());
         }
         let t0 = Instant::now();
-        let (init, step) = (g.opts.init as usize, g.opts.step as usize);
-        let target = (init + needed.saturating_sub(init).div_ceil(step) * step)
-            .min(self.max_ctx as usize) as u32;
-        let format = self.kv.format;
-        let added = format.bytes_for(&self.model, u64::from(target) - cur as u64);
+        let (init, step, reserve) = (g.opts.init as usize, g.opts.step as usize, g.opts.reserve);
+        let max = self.max_ctx as usize;
+        let (format, model) = (self.kv.format, self.model.clone());
+        let bytes = |cells: usize| format.bytes_for(&model, cells as u64);
+        // The old K/V stays allocated until its rows are copied, so the new one must fit
+        // beside it.
+        let mut target = step_target(needed, init, step, max);
+        let (mut free, mut room) = self.kv_room(reserve, false)?;
+        if bytes(target) > room {
+            (free, room) = self.kv_room(reserve, true)?;
+        }
+        let least = needed
+            .next_multiple_of(SHORT_STEP_CELLS)
+            .min(max)
+            .max(needed);
+        let short = bytes(target) > room;
+        if short {
+            if least >= target || bytes(least) > room {
+                let cells = least.min(target) as u32;
+                if let Some(g) = &mut self.grow {
+                    g.stats.refusals += 1;
+                }
+                return Err(EngineError::KvFull {
+                    needed,
+                    cells,
+                    bytes: bytes(cells as usize),
+                    have: cur as u32,
+                    free,
+                    reserve,
+                });
+            }
+            target = least;
+        }
+        let added = bytes(target) - bytes(cur);
         let change = match &self.experts {
             Some(cache) => {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -168,9 +332,29 @@ impl Context {
             }
             None => None,
         };
-        self.resize_kv(target)?;
-        let bytes = format.bytes_for(&self.model, u64::from(target));
-        let mut line = format!("K/V grown to {target} cells ({})", size(bytes));
+        self.resize_kv(target as u32)
+            .map_err(|e| match out_of_memory(&e) {
+                // Another allocation won the race for the memory measured above.
+                Some(free) => EngineError::KvFull {
+                    needed,
+                    cells: target as u32,
+                    bytes: bytes(target),
+                    have: cur as u32,
+                    free,
+                    reserve,
+                },
+                None => e,
+            })?;
+        // The stall is until the rows have moved: the next step waits for that too.
+        self.dev.record(self.stream)?.wait()?;
+        let mut line = format!("K/V grown to {target} cells ({})", size(bytes(target)));
+        if short {
+            line += &format!(
+                " (less than a {step}-cell step: the {} MiB reserve leaves {})",
+                reserve >> 20,
+                size(room)
+            );
+        }
         if let Some(SlotChange {
             slots,
             experts,
@@ -200,19 +384,33 @@ impl Context {
             return Ok(());
         };
         let init = g.opts.init.min(self.max_ctx);
+        let held = g.stats.slots_held;
         if self.kv.n_ctx <= init {
             return Ok(());
         }
         let t0 = Instant::now();
         self.tokens.truncate(init as usize);
-        self.resize_kv(init)?;
+        let resized = match self.resize_kv(init) {
+            // Other contexts grew meanwhile: the old and the new K/V do not fit side by side.
+            Err(e) if out_of_memory(&e).is_some() => self.replace_kv_empty(init),
+            other => other,
+        };
+        // The slots go back even when the K/V could not be replaced (the caller drops a
+        // context whose trim failed), so the cache does not stay short of them.
         let change = match &self.experts {
             Some(cache) => {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-                Some(c.return_slots_with(upload)?)
+                let change = c.return_slots_with(held, upload)?;
+                c.wait_copies()?;
+                Some(change)
             }
             None => None,
         };
+        if let Some(g) = &mut self.grow {
+            g.stats.slots_held = 0;
+        }
+        resized?;
+        self.dev.record(self.stream)?.wait()?;
         let bytes = self.kv.format.bytes_for(&self.model, u64::from(init));
         let mut line = format!("K/V trimmed to {init} cells ({})", size(bytes));
         if let Some(SlotChange {
@@ -232,19 +430,52 @@ impl Context {
 
     fn log_kv_change(&mut self, line: String, change: Option<SlotChange>, t0: Instant, grew: bool) {
         let secs = t0.elapsed().as_secs_f64();
-        tracing::info!("{line} in {:.1} ms", 1e3 * secs);
-        if let Some(g) = &mut self.grow {
-            let s = &mut g.stats;
-            if grew {
-                s.grows += 1;
-                s.max_grow_s = s.max_grow_s.max(secs);
-                s.slots_held += change.map_or(0, |c| c.slots);
-            } else {
-                s.trims += 1;
-                s.max_trim_s = s.max_trim_s.max(secs);
-                s.slots_held = 0;
-            }
-            s.log.push(line);
-        }
+        let Some(g) = &mut self.grow else {
+            return;
+        };
+        let s = &mut g.stats;
+        let (what, times) = if grew {
+            s.grows += 1;
+            s.max_grow_s = s.max_grow_s.max(secs);
+            s.slots_held += change.map_or(0, |c| c.slots);
+            keep_last(&mut s.grow_s, secs);
+            ("grow", &s.grow_s)
+        } else {
+            s.trims += 1;
+            s.max_trim_s = s.max_trim_s.max(secs);
+            s.slots_held = 0;
+            keep_last(&mut s.trim_s, secs);
+            ("trim", &s.trim_s)
+        };
+        let max = times.iter().copied().fold(0.0, f64::max);
+        let line = format!(
+            "{line} in {:.2} ms ({what} stall so far: median {:.2} ms, max {:.2} ms over {})",
+            1e3 * secs,
+            1e3 * median(times),
+            1e3 * max,
+            times.len()
+        );
+        tracing::info!("{line}");
+        keep_last(&mut s.log, line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grow_asks_for_init_plus_whole_steps() {
+        assert_eq!(step_target(8080, 4096, 2048, 1 << 20), 8192);
+        assert_eq!(step_target(8193, 4096, 2048, 1 << 20), 10240);
+        assert_eq!(step_target(4097, 4096, 2048, 5000), 5000);
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        let q = |v: &[f64]| v.iter().copied().collect::<VecDeque<f64>>();
+        assert_eq!(median(&q(&[])), 0.0);
+        assert_eq!(median(&q(&[3.0, 1.0, 2.0])), 2.0);
+        assert_eq!(median(&q(&[4.0, 1.0, 3.0, 2.0])), 2.5);
     }
 }

@@ -22,7 +22,36 @@ impl Backing {
             Self::Owned(v) => v,
         }
     }
+
+    /// Drops the mapped pages of the header (metadata and tensor index) from
+    /// this process's memory once they are parsed: everything in them has been
+    /// copied, and a vocabulary makes them megabytes. A later read of those
+    /// bytes faults them in again from the file.
+    fn release_header(&self, data_offset: u64) {
+        #[cfg(unix)]
+        if let Self::Mapped(m) = self {
+            // Whole pages only, so no page of tensor data is touched.
+            let len = usize::try_from(data_offset).unwrap_or(0) & !(HEADER_PAGE - 1);
+            if len > 0 {
+                // SAFETY: the mapping is private, read-only and never written,
+                // so MADV_DONTNEED discards nothing: the pages are re-read from
+                // the file on the next access, and slices into them stay valid.
+                let advised =
+                    unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len) };
+                if let Err(e) = advised {
+                    tracing::debug!("releasing the GGUF header pages: {e}");
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = data_offset;
+    }
 }
+
+/// The smallest page size (4 KiB). Where pages are larger, madvise rounds the
+/// length up and may take the first page of tensor data too: harmless, it is
+/// re-read from the file when used.
+const HEADER_PAGE: usize = 4096;
 
 /// A parsed GGUF file. Tensor data is never copied: [`GgufFile::tensor_data`]
 /// borrows from the mapping.
@@ -64,6 +93,7 @@ impl GgufFile {
 
     fn from_backing(backing: Backing) -> Result<GgufFile, GgufError> {
         let parsed = parse(backing.bytes())?;
+        backing.release_header(parsed.data_offset);
         let tensor_index = parsed
             .tensors
             .iter()

@@ -254,7 +254,24 @@ fn read_array(cur: &mut Cursor<'_>, depth: u32) -> Result<Array, String> {
     match ty {
         ValueType::String => {
             let n = cur.check_count(count, MIN_STRING_BYTES, "string array")?;
-            let mut strings = StringArray::with_capacity(n.min(MAX_RESERVE), 0);
+            // One pass to size the buffer exactly (a vocabulary's bytes are
+            // held for the whole run; a growing Vec would leave spare pages).
+            let mut sizing = Cursor {
+                bytes: cur.bytes,
+                pos: cur.pos,
+            };
+            let mut total = 0usize;
+            for i in 0..n {
+                let s = sizing.string().map_err(|r| format!("element {i}: {r}"))?;
+                total += s.len();
+            }
+            if total > StringArray::MAX_BYTES {
+                return Err(format!(
+                    "a string array of {total} bytes (at most {} are supported)",
+                    StringArray::MAX_BYTES
+                ));
+            }
+            let mut strings = StringArray::with_capacity(n, total);
             for i in 0..n {
                 let s = cur.string().map_err(|r| format!("element {i}: {r}"))?;
                 strings.push(s);

@@ -4,6 +4,7 @@
 //! end offsets), a 150k-float score table one `Vec<f32>`: no enum per element.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// GGUF's `gguf_type` ids (file-format facts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -290,11 +291,18 @@ impl Array {
 /// A list of byte strings stored in one buffer. GGUF strings are meant to be
 /// UTF-8, but llama.cpp accepts any bytes in token strings, so nothing is lost
 /// here: [`StringArray::get_bytes`] is exact, [`StringArray::get`] checks UTF-8.
+///
+/// The buffers are shared: a clone costs two reference counts, so a tokenizer
+/// built from a file's vocabulary holds the same bytes as the file's metadata
+/// rather than a second copy (a 150k vocabulary and its merges are megabytes).
+/// [`StringArray::push`] on a shared array copies it first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StringArray {
-    bytes: Vec<u8>,
+    bytes: Arc<Vec<u8>>,
     /// `ends[i]` is where string `i` ends in `bytes`; it starts at `ends[i-1]`.
-    ends: Vec<usize>,
+    /// 32 bits: half the memory of a vocabulary's offsets (the reader refuses a
+    /// string array of more than 4 GiB).
+    ends: Arc<Vec<u32>>,
 }
 
 impl StringArray {
@@ -305,14 +313,24 @@ impl StringArray {
     /// Room for `strings` strings of `bytes` bytes in all.
     pub fn with_capacity(strings: usize, bytes: usize) -> Self {
         Self {
-            bytes: Vec::with_capacity(bytes),
-            ends: Vec::with_capacity(strings),
+            bytes: Arc::new(Vec::with_capacity(bytes)),
+            ends: Arc::new(Vec::with_capacity(strings)),
         }
     }
 
+    /// Bytes one array can hold in all.
+    pub const MAX_BYTES: usize = u32::MAX as usize;
+
+    /// Appends `s`.
+    ///
+    /// # Panics
+    /// When the array would pass [`StringArray::MAX_BYTES`] (4 GiB).
     pub fn push(&mut self, s: impl AsRef<[u8]>) {
-        self.bytes.extend_from_slice(s.as_ref());
-        self.ends.push(self.bytes.len());
+        let bytes = Arc::make_mut(&mut self.bytes);
+        bytes.extend_from_slice(s.as_ref());
+        let end = u32::try_from(bytes.len());
+        assert!(end.is_ok(), "a string array holds at most 4 GiB");
+        Arc::make_mut(&mut self.ends).push(end.unwrap_or(u32::MAX));
     }
 
     pub fn len(&self) -> usize {
@@ -324,9 +342,10 @@ impl StringArray {
     }
 
     /// The exact bytes of string `i`.
+    #[inline]
     pub fn get_bytes(&self, i: usize) -> Option<&[u8]> {
-        let end = *self.ends.get(i)?;
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        let end = *self.ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         self.bytes.get(start..end)
     }
 
@@ -350,6 +369,22 @@ impl StringArray {
     /// Bytes of all strings together.
     pub fn total_bytes(&self) -> usize {
         self.bytes.len()
+    }
+
+    /// Whether `self` and `other` hold the same buffers (a clone, not a copy).
+    pub fn shares_buffers_with(&self, other: &StringArray) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes) && Arc::ptr_eq(&self.ends, &other.ends)
+    }
+}
+
+/// `array[i]`: the bytes of string `i`; panics when `i` is out of range, as
+/// indexing a `Vec` does ([`StringArray::get_bytes`] does not).
+impl std::ops::Index<usize> for StringArray {
+    type Output = [u8];
+
+    fn index(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.bytes[start..self.ends[i] as usize]
     }
 }
 

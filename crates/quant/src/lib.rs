@@ -33,6 +33,7 @@ mod kquants;
 mod legacy;
 pub mod matmul;
 mod mxfp4;
+pub mod q4k_rows8;
 
 #[cfg(target_arch = "x86_64")]
 mod simd_avx2_activation;

@@ -40,6 +40,9 @@ pub struct EngineConfig {
     pub experts: Option<strata_engine::experts::SharedExpertCache>,
     /// How every context stores its K/V (`--kv`).
     pub kv: strata_model::KvFormat,
+    /// Elastic K/V (`--kv-grow`): each context's K/V starts small, grows on demand
+    /// (taking expert-cache slots) and is trimmed back when its request ends.
+    pub kv_grow: Option<strata_engine::kv_grow::KvGrowOptions>,
 }
 
 impl EngineConfig {
@@ -57,6 +60,7 @@ impl EngineConfig {
             max_queue: 64,
             experts: None,
             kv: strata_model::KvFormat::F16,
+            kv_grow: None,
         }
     }
 

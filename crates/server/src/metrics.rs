@@ -33,6 +33,16 @@ pub struct Metrics {
     pub parked_disk_bytes: AtomicU64,
     pub queue_depth: AtomicU64,
     pub slots_busy: AtomicU64,
+    /// Elastic K/V (`--kv-grow`): grows, trims, their summed and longest stalls, the
+    /// requests stopped because the K/V could not grow, and the cells of every context.
+    pub kv_grows_total: AtomicU64,
+    pub kv_trims_total: AtomicU64,
+    pub kv_grow_micros_total: AtomicU64,
+    pub kv_trim_micros_total: AtomicU64,
+    pub kv_grow_micros_max: AtomicU64,
+    pub kv_trim_micros_max: AtomicU64,
+    pub kv_refusals_total: AtomicU64,
+    pub kv_cells: AtomicU64,
     ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],
     ttft_count: AtomicU64,
     ttft_micros_sum: AtomicU64,
@@ -68,6 +78,27 @@ impl Metrics {
         Self::add(&self.ttft_micros_sum, t.as_micros() as u64);
     }
 
+    /// A K/V grow (or trim) that took `took`.
+    pub fn kv_change(&self, grew: bool, took: Duration) {
+        let us = took.as_micros() as u64;
+        let (count, sum, max) = if grew {
+            (
+                &self.kv_grows_total,
+                &self.kv_grow_micros_total,
+                &self.kv_grow_micros_max,
+            )
+        } else {
+            (
+                &self.kv_trims_total,
+                &self.kv_trim_micros_total,
+                &self.kv_trim_micros_max,
+            )
+        };
+        Self::add(count, 1);
+        Self::add(sum, us);
+        max.fetch_max(us, Ordering::Relaxed);
+    }
+
     pub fn set_parked(&self, s: ParkStats) {
         let set = |c: &AtomicU64, v: usize| c.store(v as u64, Ordering::Relaxed);
         set(&self.parked_host_conversations, s.host_conversations);
@@ -91,7 +122,7 @@ impl Metrics {
                 get(tokens) as f64 / (us as f64 / 1e6)
             }
         };
-        let counters: [(&str, &str, &AtomicU64); 11] = [
+        let counters: [(&str, &str, &AtomicU64); 14] = [
             (
                 "strata_requests_total",
                 "Completion requests received.",
@@ -147,6 +178,21 @@ impl Metrics {
                 "Requests resumed from a conversation parked on disk.",
                 &self.resumes_disk_total,
             ),
+            (
+                "strata_kv_grows_total",
+                "Times an elastic K/V grew (--kv-grow).",
+                &self.kv_grows_total,
+            ),
+            (
+                "strata_kv_trims_total",
+                "Times an elastic K/V was trimmed back to its initial cells.",
+                &self.kv_trims_total,
+            ),
+            (
+                "strata_kv_refusals_total",
+                "Requests stopped (finish_reason length) because the K/V could not grow beside --vram-reserve-mib.",
+                &self.kv_refusals_total,
+            ),
         ];
         for (name, help, c) in counters {
             row(name, "counter", help, get(c).to_string());
@@ -181,8 +227,38 @@ impl Metrics {
                 rate(&self.decode_tokens_total, &self.decode_micros_total)
             ),
         );
+        let secs = |c: &AtomicU64| format!("{:.6}", get(c) as f64 / 1e6);
+        let stalls: [(&str, &str, &str, &AtomicU64); 4] = [
+            (
+                "strata_kv_grow_seconds_total",
+                "counter",
+                "Seconds K/V grows held their context (moved rows and slot copies landed).",
+                &self.kv_grow_micros_total,
+            ),
+            (
+                "strata_kv_trim_seconds_total",
+                "counter",
+                "Seconds K/V trims held their context (moved rows, refills and table uploads landed).",
+                &self.kv_trim_micros_total,
+            ),
+            (
+                "strata_kv_grow_seconds_max",
+                "gauge",
+                "The longest K/V grow.",
+                &self.kv_grow_micros_max,
+            ),
+            (
+                "strata_kv_trim_seconds_max",
+                "gauge",
+                "The longest K/V trim.",
+                &self.kv_trim_micros_max,
+            ),
+        ];
+        for (name, kind, help, c) in stalls {
+            row(name, kind, help, secs(c));
+        }
         let parked = get(&self.parked_host_conversations) + get(&self.parked_disk_conversations);
-        let gauges: [(&str, &str, u64); 7] = [
+        let gauges: [(&str, &str, u64); 8] = [
             (
                 "strata_queue_depth",
                 "Requests waiting for or being served by the engine.",
@@ -217,6 +293,11 @@ impl Metrics {
                 "strata_parked_disk_bytes",
                 "Bytes of K/V parked on disk.",
                 get(&self.parked_disk_bytes),
+            ),
+            (
+                "strata_kv_cells",
+                "K/V cells the contexts hold now (all of them, elastic or not).",
+                get(&self.kv_cells),
             ),
         ];
         for (name, help, v) in gauges {

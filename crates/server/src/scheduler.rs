@@ -3,15 +3,18 @@
 //! there are free slots (resuming each from the longest matching prefix: K/V still in an
 //! idle context, or a parked conversation uploaded into one), then steps every busy slot
 //! once. A finished conversation's K/V is downloaded and parked, so its context is free
-//! for the next request. Batching the busy slots' decode steps into one forward pass
+//! for the next request; an elastic K/V (`--kv-grow`) is then trimmed back to its initial
+//! cells and its expert-cache slots returned. Batching the busy slots' decode steps into one forward pass
 //! would replace the per-slot step in `step_all`; nothing else changes.
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
 use strata_core::Device;
+use strata_engine::kv_grow::KvGrowOptions;
 use strata_engine::{Context, StopReason};
 use strata_model::Model;
 use strata_model::tokenizer::Tokenizer;
@@ -33,6 +36,7 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     experts: Option<strata_engine::experts::SharedExpertCache>,
     kv: strata_model::KvFormat,
+    kv_grow: Option<KvGrowOptions>,
 }
 
 struct Slot<'t> {
@@ -40,6 +44,26 @@ struct Slot<'t> {
     job: Option<Job<'t>>,
     /// When it last served a request (a round number), to reuse the stalest idle one.
     last_used: u64,
+    /// The context's K/V grows and trims already counted in the metrics.
+    kv_seen: (u32, u32),
+}
+
+impl Slot<'_> {
+    /// Adds the K/V grows and trims since the last look to the metrics.
+    fn count_kv_changes(&mut self, metrics: &Metrics) {
+        let Some(s) = self.ctx.kv_grow_stats() else {
+            return;
+        };
+        let new_grows = s.grows.saturating_sub(self.kv_seen.0) as usize;
+        let new_trims = s.trims.saturating_sub(self.kv_seen.1) as usize;
+        for &secs in s.grow_s.iter().rev().take(new_grows) {
+            metrics.kv_change(true, Duration::from_secs_f64(secs));
+        }
+        for &secs in s.trim_s.iter().rev().take(new_trims) {
+            metrics.kv_change(false, Duration::from_secs_f64(secs));
+        }
+        self.kv_seen = (s.grows, s.trims);
+    }
 }
 
 impl Scheduler {
@@ -68,6 +92,7 @@ impl Scheduler {
             metrics,
             experts: config.experts.clone(),
             kv: config.kv,
+            kv_grow: config.kv_grow,
         })
     }
 
@@ -121,6 +146,8 @@ impl Scheduler {
                 Ordering::Relaxed,
             );
             self.metrics.set_parked(self.park.stats());
+            let cells: usize = slots.iter().map(|s| s.ctx.kv_cells()).sum();
+            self.metrics.kv_cells.store(cells as u64, Ordering::Relaxed);
         }
     }
 
@@ -245,19 +272,18 @@ impl Scheduler {
     /// than `parallel` exist, else the idle one used least recently.
     fn free_slot(&self, slots: &mut Vec<Slot<'_>>) -> Result<usize, String> {
         if slots.len() < self.parallel {
-            let mut ctx = Context::with_kv(
-                self.model.clone(),
-                self.dev.clone(),
-                self.n_ctx,
-                self.n_batch,
-                self.kv,
-            )
-            .map_err(|e| format!("creating a context: {e}"))?;
+            let (model, dev) = (self.model.clone(), self.dev.clone());
+            let ctx = match self.kv_grow {
+                Some(o) => Context::with_kv_grow(model, dev, self.n_ctx, self.n_batch, self.kv, o),
+                None => Context::with_kv(model, dev, self.n_ctx, self.n_batch, self.kv),
+            };
+            let mut ctx = ctx.map_err(|e| format!("creating a context: {e}"))?;
             ctx.set_expert_cache(self.experts.clone());
             slots.push(Slot {
                 ctx,
                 job: None,
                 last_used: 0,
+                kv_seen: (0, 0),
             });
             return Ok(slots.len() - 1);
         }
@@ -282,12 +308,18 @@ impl Scheduler {
             // A panic fails this request only; its context is dropped, not reused.
             let outcome =
                 std::panic::catch_unwind(AssertUnwindSafe(|| job.step(ctx, tok, n_batch, metrics)));
+            if outcome.is_ok() {
+                slot.count_kv_changes(metrics);
+            }
             let stop = match outcome {
                 Ok(Ok(None)) => continue,
                 Ok(Ok(Some(stop))) => stop,
                 Ok(Err(e)) => {
                     self.fail(slot, e.to_string());
                     slot.ctx.truncate(0);
+                    if self.trim(slot).is_err() {
+                        broken.push(i);
+                    }
                     continue;
                 }
                 Err(_) => {
@@ -315,10 +347,27 @@ impl Scheduler {
                 Ok(snap) => self.park.park(snap),
                 Err(e) => tracing::warn!("parking a conversation: {e}"),
             }
+            // Parked (or given up): the K/V goes back to its initial cells.
+            if self.trim(slot).is_err() {
+                broken.push(i);
+            }
         }
         for i in broken.into_iter().rev() {
-            slots.remove(i);
+            let mut slot = slots.remove(i);
+            // A context that panicked was not trimmed: its expert-cache slots go back.
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| slot.ctx.trim_kv()));
+            if slot.ctx.kv_grow_stats().is_some_and(|s| s.slots_held > 0) {
+                tracing::warn!("a dropped context's expert-cache slots could not be returned");
+            }
         }
+    }
+
+    /// Trims an elastic K/V back to its initial cells, returning its expert-cache slots.
+    /// A context whose trim failed holds K/V in an unknown state: the caller drops it.
+    fn trim(&self, slot: &mut Slot<'_>) -> Result<(), ()> {
+        let r = slot.ctx.trim_kv();
+        slot.count_kv_changes(&self.metrics);
+        r.map_err(|e| tracing::error!("trimming a context's K/V: {e}; the context is dropped"))
     }
 
     fn fail(&self, slot: &mut Slot<'_>, message: String) {

@@ -35,6 +35,21 @@ pub struct Job<'t> {
     first_token: bool,
 }
 
+/// An elastic K/V that cannot grow beside `--vram-reserve-mib` ends the request as a full
+/// context does (finish_reason "length"), with one log line; the failed batch changed
+/// nothing, so the conversation so far is intact and is parked as usual. Other errors
+/// stay errors.
+fn kv_full(e: EngineError, metrics: &Metrics) -> Result<Option<StopReason>, EngineError> {
+    match e {
+        EngineError::KvFull { .. } => {
+            tracing::warn!("request stopped (finish_reason length): {e}");
+            Metrics::add(&metrics.kv_refusals_total, 1);
+            Ok(Some(StopReason::ContextFull))
+        }
+        other => Err(other),
+    }
+}
+
 impl<'t> Job<'t> {
     /// A job for `task` in a context that already holds its first `reused` tokens.
     pub fn new(task: Task, reused: usize, tok: &'t Tokenizer) -> Result<Self, EngineError> {
@@ -75,7 +90,10 @@ impl<'t> Job<'t> {
         let logits = if self.fed < prompt_len {
             let end = (self.fed + n_batch.max(1)).min(prompt_len);
             let t = Instant::now();
-            let logits = ctx.eval(&self.task.tokens[self.fed..end])?;
+            let logits = match ctx.eval(&self.task.tokens[self.fed..end]) {
+                Ok(l) => l,
+                Err(e) => return kv_full(e, metrics),
+            };
             metrics.prefill(end - self.fed, t.elapsed());
             self.fed = end;
             if end < prompt_len {
@@ -88,7 +106,10 @@ impl<'t> Job<'t> {
                 return Ok(Some(StopReason::Length));
             };
             let t = Instant::now();
-            let logits = ctx.eval(&[input])?;
+            let logits = match ctx.eval(&[input]) {
+                Ok(l) => l,
+                Err(e) => return kv_full(e, metrics),
+            };
             metrics.decode(1, t.elapsed());
             logits
         };

@@ -137,7 +137,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
         ctx.set_graphs(!args.no_graphs);
         experts::attach(&mut ctx, &loaded.experts);
-        args.kv_grow.apply(&mut ctx, model_args.experts.resident)?;
+        args.kv_grow.apply(&mut ctx, &model_args.experts)?;
         Ok(ctx)
     };
     // Warm-up (as llama-bench does): kernel compilation and the decode graph's capture

@@ -36,7 +36,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
-    args.kv_grow.apply(&mut ctx, args.model.experts.resident)?;
+    args.kv_grow.apply(&mut ctx, &args.model.experts)?;
     let mut turns: Vec<(String, String)> = Vec::new();
     if let Some(s) = &args.system {
         turns.push(("system".into(), s.clone()));

@@ -188,6 +188,16 @@ fn check_kv_fits(
 /// [`load`] for a command that holds `contexts` contexts at once (the server's
 /// `--parallel`).
 pub fn load_for(args: &ModelArgs, contexts: usize) -> anyhow::Result<Loaded> {
+    load_elastic(args, contexts, None)
+}
+
+/// [`load_for`] whose contexts start with `kv_cells` K/V cells each (elastic K/V: its
+/// growth is checked against free memory as it happens), not the whole context.
+pub fn load_elastic(
+    args: &ModelArgs,
+    contexts: usize,
+    kv_cells: Option<u32>,
+) -> anyhow::Result<Loaded> {
     let gguf = Arc::new(
         GgufFile::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?,
     );
@@ -218,7 +228,8 @@ pub fn load_for(args: &ModelArgs, contexts: usize) -> anyhow::Result<Loaded> {
         super::experts::Placement::Cache(n) => Some(args.experts.cache(&dev, &model, n)?),
     };
     let reserve = args.experts.vram_reserve_mib << 20;
-    check_kv_fits(&dev, &model, n_ctx, args.kv, contexts, reserve)?;
+    let cells = kv_cells.map_or(n_ctx, |c| c.min(n_ctx));
+    check_kv_fits(&dev, &model, cells, args.kv, contexts, reserve)?;
     tracing::info!(
         "{}: {} layers, {} embedding, {} vocab on {} ({})",
         model.hp.arch,

@@ -61,7 +61,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         (None, None) => anyhow::bail!("give a prompt with -p TEXT or -f FILE"),
     };
-    let loaded = common::load(&args.model)?;
+    let grow = args.kv_grow.options(&args.model.experts)?;
+    let loaded = common::load_elastic(&args.model, 1, grow.map(|o| o.init))?;
     let tokens = if args.raw {
         loaded.tokenizer.encode(&prompt, true, false)?
     } else {
@@ -72,16 +73,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         messages.push(("user", prompt.as_str()));
         common::chat_tokens(&loaded.tokenizer, &messages)?
     };
-    let mut ctx = Context::with_kv(
-        loaded.model.clone(),
-        loaded.dev.clone(),
-        loaded.n_ctx,
-        args.model.batch,
-        loaded.kv,
-    )?;
+    let (model, dev) = (loaded.model.clone(), loaded.dev.clone());
+    let (n_ctx, batch) = (loaded.n_ctx, args.model.batch);
+    // An elastic K/V allocates only its initial cells now.
+    let mut ctx = match grow {
+        Some(o) => Context::with_kv_grow(model, dev, n_ctx, batch, loaded.kv, o)?,
+        None => Context::with_kv(model, dev, n_ctx, batch, loaded.kv)?,
+    };
     ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
     experts::attach(&mut ctx, &loaded.experts);
-    args.kv_grow.apply(&mut ctx, args.model.experts.resident)?;
     let params = GenerateParams {
         max_tokens: args.n_predict,
         stop: args.stop.clone(),

@@ -15,6 +15,9 @@ pub struct Args {
     /// Sampling for the fields a request leaves out.
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// Elastic K/V per context: grown on demand, trimmed when its request ends.
+    #[command(flatten)]
+    pub kv_grow: super::kv_grow::KvGrowArgs,
     /// Address to listen on (loopback only unless asked).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -114,9 +117,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let server = tokio::spawn(strata_server::serve(listener, state.clone(), shutdown));
     let model_args = args.model.clone();
     let parallel = args.parallel;
-    let loaded = tokio::task::spawn_blocking(move || common::load_for(&model_args, parallel))
-        .await
-        .context("loading the model")?;
+    let kv_grow = args.kv_grow.options(&args.model.experts)?;
+    let cells = kv_grow.map(|o| o.init);
+    let loaded =
+        tokio::task::spawn_blocking(move || common::load_elastic(&model_args, parallel, cells))
+            .await
+            .context("loading the model")?;
     let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
@@ -141,14 +147,23 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             max_queue: args.max_queue,
             experts: loaded.experts.clone(),
             kv: loaded.kv,
+            kv_grow,
         },
         state.metrics.clone(),
     )?;
     if state.install(engine).is_err() {
         anyhow::bail!("the engine was installed twice");
     }
+    let elastic = kv_grow.map_or(String::new(), |o| {
+        format!(
+            "; elastic K/V from {} cells in steps of {}, leaving {} MiB free",
+            o.init.min(loaded.n_ctx),
+            o.step,
+            o.reserve >> 20
+        )
+    });
     eprintln!(
-        "strata: ready ({} positions per conversation)",
+        "strata: ready ({} positions per conversation{elastic})",
         loaded.n_ctx
     );
     let grace = std::time::Duration::from_secs(args.shutdown_grace);

@@ -90,6 +90,7 @@ impl<'d> Speculator<'d> {
         if drafts.is_empty() {
             let logits = ctx.eval(&[last])?;
             self.policy.record_step(t0.elapsed());
+            self.stats.plain += 1;
             return Ok(Step::Logits(logits));
         }
         let held = ctx.tokens().len();

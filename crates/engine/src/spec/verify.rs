@@ -62,6 +62,8 @@ pub struct SpecStats {
     /// Proposals the back-off policy did not verify (drafts of their kind were rarely
     /// accepted lately).
     pub declined: usize,
+    /// Plain one-token steps (no window: nothing proposed, or not worth verifying).
+    pub plain: usize,
     /// The back-off policy's last measure of a draft row's cost, in plain steps.
     pub row_cost: Option<f64>,
 }
@@ -89,18 +91,20 @@ impl SpecStats {
         self.drafted += other.drafted;
         self.accepted += other.accepted;
         self.declined += other.declined;
+        self.plain += other.plain;
         self.row_cost = other.row_cost.or(self.row_cost);
     }
 
     /// One line for stderr.
     pub fn summary(&self) -> String {
         format!(
-            "spec: {} windows, {:.2} accepted tokens/window, acceptance {:.1}% ({}/{} drafts), {} proposals declined{}",
+            "spec: {} windows, {:.2} accepted tokens/window, acceptance {:.1}% ({}/{} drafts), {} plain steps, {} proposals declined{}",
             self.windows,
             self.accepted_per_window(),
             100.0 * self.acceptance_rate(),
             self.accepted,
             self.drafted,
+            self.plain,
             self.declined,
             self.row_cost
                 .map(|c| format!(", a draft row costs {c:.2} steps"))

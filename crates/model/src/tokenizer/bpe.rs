@@ -4,6 +4,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use strata_gguf::StringArray;
+
 use super::fxhash::FxHashMap;
 
 use super::error::TokenizerError;
@@ -45,7 +47,7 @@ struct Symbol {
 impl BpeModel {
     pub(crate) fn new(
         vocab: &Vocab,
-        merges: &[String],
+        merges: &StringArray,
         pre: &PreDef,
     ) -> Result<Self, TokenizerError> {
         let n_vocab = vocab.n_tokens() as u32;
@@ -58,16 +60,19 @@ impl BpeModel {
             *extra_symbols.entry(text.into()).or_insert(next)
         };
         let mut table = FxHashMap::with_capacity_and_hasher(merges.len(), Default::default());
-        for (rank, m) in merges.iter().enumerate() {
+        let mut merged_text = Vec::new();
+        for (rank, m) in merges.iter_bytes().enumerate() {
             // llama.cpp splits at the first space after the first byte.
-            let m = m.as_bytes();
             let Some(pos) = m.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
                 continue;
             };
             let (left, right) = (&m[..pos], &m[pos + 1..]);
             let l = intern(left);
             let r = intern(right);
-            let merged = intern([left, right].concat().as_slice());
+            merged_text.clear();
+            merged_text.extend_from_slice(left);
+            merged_text.extend_from_slice(right);
+            let merged = intern(&merged_text);
             // The first rank of a repeated pair wins, as with llama.cpp's emplace.
             table.entry((l, r)).or_insert((rank as u32, merged));
         }

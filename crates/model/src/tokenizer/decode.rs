@@ -1,6 +1,8 @@
 //! Tokens back to text: llama.cpp's `token_to_piece` and `detokenize`, and a
 //! streaming decoder that only ever emits whole UTF-8 characters.
 
+use strata_gguf::StringArray;
+
 use super::Tokenizer;
 use super::pretokenize::ByteLevel;
 use super::vocab::{TokenId, Vocab, VocabKind, attr};
@@ -8,16 +10,21 @@ use super::vocab::{TokenId, Vocab, VocabKind, attr};
 const ESCAPED_SPACE: &str = "\u{2581}";
 
 /// The piece of every token as llama.cpp caches it (special tokens included).
-pub(crate) fn build_piece_cache(vocab: &Vocab, kind: VocabKind) -> Vec<Box<[u8]>> {
+pub(crate) fn build_piece_cache(vocab: &Vocab, kind: VocabKind) -> StringArray {
     let byte_level = ByteLevel::new();
-    (0..vocab.n_tokens())
-        .map(|id| piece_of(vocab, kind, &byte_level, id).into_boxed_slice())
-        .collect()
+    let n = vocab.n_tokens();
+    // Sized first: the cache is held for the whole run.
+    let total = vocab.texts().map(<[u8]>::len).sum::<usize>();
+    let mut pieces = StringArray::with_capacity(n, total);
+    for id in 0..n {
+        pieces.push(piece_of(vocab, kind, &byte_level, id));
+    }
+    pieces
 }
 
 fn piece_of(vocab: &Vocab, kind: VocabKind, byte_level: &ByteLevel, id: usize) -> Vec<u8> {
     let a = vocab.attrs[id];
-    let text = &vocab.texts[id];
+    let text = vocab.text(id as TokenId);
     if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
         return text.to_vec();
     }
@@ -73,7 +80,7 @@ impl Tokenizer {
     /// unknown tokens are empty unless `special`; up to `lstrip` leading spaces
     /// are dropped. An id outside the vocabulary gives an empty piece.
     pub fn token_to_piece(&self, id: TokenId, lstrip: usize, special: bool) -> &[u8] {
-        let Some(piece) = self.pieces.get(id as usize) else {
+        let Some(piece) = self.pieces.get_bytes(id as usize) else {
             return &[];
         };
         if !special && self.vocab.attrs[id as usize] & (attr::UNKNOWN | attr::CONTROL) != 0 {

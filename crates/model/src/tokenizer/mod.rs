@@ -11,6 +11,7 @@ mod pretokenize;
 mod spec;
 mod special;
 mod spm;
+mod text_index;
 mod vocab;
 
 use std::path::Path;
@@ -39,7 +40,8 @@ pub struct Tokenizer {
     matcher: SpecialMatcher,
     /// Special tokens found in text even without `parse_special` (user-defined ones).
     user_defined_by_length: Vec<TokenId>,
-    pieces: Vec<Box<[u8]>>,
+    /// Each token's text as it is printed (`token_to_piece`), in one buffer.
+    pieces: strata_gguf::StringArray,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -212,7 +214,7 @@ impl Tokenizer {
 
     /// The token's text as stored in the vocabulary.
     pub fn token_text(&self, id: TokenId) -> Option<&[u8]> {
-        self.vocab.texts.get(id as usize).map(|t| &t[..])
+        ((id as usize) < self.vocab.n_tokens()).then(|| self.vocab.text(id))
     }
 
     /// The token's attribute bits ([`attr`]).
@@ -238,8 +240,8 @@ mod tests {
         TokenizerSpec {
             model: model.into(),
             pre: pre.map(Into::into),
-            tokens: vec![b"a".to_vec(), b"b".to_vec(), b"ab".to_vec()],
-            merges: vec!["a b".into()],
+            tokens: ["a", "b", "ab"].into_iter().collect(),
+            merges: ["a b"].into_iter().collect(),
             ..TokenizerSpec::default()
         }
     }

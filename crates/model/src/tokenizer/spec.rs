@@ -1,6 +1,6 @@
 //! Everything a tokenizer is built from, as plain data (the `tokenizer.*` keys of a GGUF file).
 
-use strata_gguf::{Array, GgufFile, Value};
+use strata_gguf::{Array, GgufFile, StringArray, Value};
 
 use super::error::TokenizerError;
 
@@ -43,11 +43,12 @@ pub struct TokenizerSpec {
     /// `tokenizer.ggml.pre`: names the pre-tokenizer of a BPE vocabulary.
     pub pre: Option<String>,
     /// Token texts, exact bytes (a few vocabularies hold non-UTF-8 tokens).
-    pub tokens: Vec<Vec<u8>>,
+    /// Read from a file, this shares the file's metadata buffers.
+    pub tokens: StringArray,
     pub scores: Option<Vec<f32>>,
     pub token_types: Option<Vec<i32>>,
-    /// BPE merges, `"left right"`, in rank order.
-    pub merges: Vec<String>,
+    /// BPE merges, `"left right"` as exact bytes, in rank order.
+    pub merges: StringArray,
     pub special: SpecialIds,
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
@@ -80,18 +81,12 @@ impl TokenizerSpec {
         let id_key = |key: &str| opt(file.get_u32(key), file, key);
 
         let model = file.get_str("tokenizer.ggml.model")?.to_owned();
-        let tokens = file
-            .get_bytes_array("tokenizer.ggml.tokens")?
-            .into_iter()
-            .map(<[u8]>::to_vec)
-            .collect();
+        // Clones of string arrays share their buffers: the vocabulary and the
+        // merges are held once, by the file's metadata and the tokenizer together.
+        let tokens = file.get_string_array("tokenizer.ggml.tokens")?.clone();
         let merges = match file.get("tokenizer.ggml.merges") {
-            None => Vec::new(),
-            Some(_) => file
-                .get_bytes_array("tokenizer.ggml.merges")?
-                .into_iter()
-                .map(|m| String::from_utf8_lossy(m).into_owned())
-                .collect(),
+            None => StringArray::new(),
+            Some(_) => file.get_string_array("tokenizer.ggml.merges")?.clone(),
         };
         // llama.cpp accepts integer scores as well as f32 ones.
         let scores = match file.get("tokenizer.ggml.scores") {

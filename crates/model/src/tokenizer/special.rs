@@ -31,7 +31,7 @@ impl SpecialMatcher {
             first_byte: [false; 256],
         };
         for &id in tokens {
-            let text = &vocab.texts[id as usize];
+            let text = vocab.text(id);
             let Some(&first) = text.first() else { continue };
             m.first_byte[first as usize] = true;
             let mut node = 0u32;
@@ -99,7 +99,7 @@ pub(crate) fn partition(
         let Some(positions) = by_token.get(&id) else {
             continue;
         };
-        let len = vocab.texts[id as usize].len();
+        let len = vocab.text(id).len();
         let attrs = vocab.attrs[id as usize];
         let mut next = Vec::with_capacity(fragments.len() + 2 * positions.len());
         let mut p = 0; // index into positions (ascending)

@@ -19,7 +19,7 @@ pub(crate) struct SpmModel {
 impl SpmModel {
     pub(crate) fn new(vocab: &Vocab) -> Self {
         let mut pairs = HashSet::default();
-        for text in &vocab.texts {
+        for text in vocab.texts() {
             let s = String::from_utf8_lossy(text);
             let mut chars = s.chars();
             if let Some(mut prev) = chars.next() {

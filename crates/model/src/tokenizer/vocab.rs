@@ -4,10 +4,11 @@
 
 use std::collections::BTreeSet;
 
-use super::fxhash::FxHashMap;
+use strata_gguf::StringArray;
 
 use super::error::TokenizerError;
 use super::spec::{SpecialIds, TokenizerSpec, token_type};
+use super::text_index::TextIndex;
 
 pub type TokenId = u32;
 
@@ -56,10 +57,12 @@ pub struct SpecialTokens {
 type SlotOf = fn(&mut SpecialTokens) -> &mut Option<TokenId>;
 
 pub(crate) struct Vocab {
-    pub texts: Vec<Box<[u8]>>,
+    /// Token texts: the file's own string array (shared, not copied) unless
+    /// empty tokens had to be renamed.
+    texts: StringArray,
     pub scores: Vec<f32>,
     pub attrs: Vec<u32>,
-    pub ids: FxHashMap<Box<[u8]>, TokenId>,
+    ids: TextIndex,
     pub special: SpecialTokens,
     /// Tokens that end generation.
     pub eog: BTreeSet<TokenId>,
@@ -195,24 +198,32 @@ impl Vocab {
             }
         }
 
-        let mut texts = Vec::with_capacity(n);
-        let mut ids = FxHashMap::with_capacity_and_hasher(n, Default::default());
-        for (i, t) in spec.tokens.iter().enumerate() {
-            // llama.cpp renames empty tokens so that every text is unique.
-            let text: Box<[u8]> = if t.is_empty() {
-                format!("[EMPTY_{i}]").into_bytes().into()
-            } else {
-                t.as_slice().into()
-            };
-            if ids.insert(text.clone(), i as TokenId).is_some() {
+        // llama.cpp renames empty tokens so that every text is unique.
+        let texts = if spec.tokens.iter_bytes().any(<[u8]>::is_empty) {
+            spec.tokens
+                .iter_bytes()
+                .enumerate()
+                .map(|(i, t)| {
+                    if t.is_empty() {
+                        format!("[EMPTY_{i}]").into_bytes()
+                    } else {
+                        t.to_vec()
+                    }
+                })
+                .collect()
+        } else {
+            spec.tokens.clone()
+        };
+        let mut ids = TextIndex::with_capacity(n);
+        for i in 0..n as TokenId {
+            if let Some(first) = ids.insert(&texts, i) {
                 return Err(TokenizerError::BadVocab {
                     reason: format!(
-                        "token {i} ({}) appears twice",
-                        String::from_utf8_lossy(&text)
+                        "token {i} ({}) appears twice (first as {first})",
+                        String::from_utf8_lossy(texts.get_bytes(i as usize).unwrap_or_default())
                     ),
                 });
             }
-            texts.push(text);
         }
         let scores = match &spec.scores {
             Some(s) => s[..n].to_vec(),
@@ -241,9 +252,11 @@ impl Vocab {
             })
             .collect();
         // Longest first; ties by id so the order is deterministic.
+        let texts = &vocab.texts;
+        let len_of = |id: TokenId| texts.get_bytes(id as usize).map_or(0, <[u8]>::len);
         vocab
             .special_by_length
-            .sort_by_key(|&id| (std::cmp::Reverse(vocab.texts[id as usize].len()), id));
+            .sort_by_key(|&id| (std::cmp::Reverse(len_of(id)), id));
         vocab.apply_model_attrs(spec);
         Ok(vocab)
     }
@@ -253,7 +266,17 @@ impl Vocab {
     }
 
     pub(crate) fn id_of(&self, text: &[u8]) -> Option<TokenId> {
-        self.ids.get(text).copied()
+        self.ids.get(&self.texts, text)
+    }
+
+    /// The text of token `id` (empty for an id outside the vocabulary).
+    pub(crate) fn text(&self, id: TokenId) -> &[u8] {
+        self.texts.get_bytes(id as usize).unwrap_or_default()
+    }
+
+    /// Every token's text, in id order.
+    pub(crate) fn texts(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
+        self.texts.iter_bytes()
     }
 
     fn id_of_str(&self, text: &str) -> Option<TokenId> {
@@ -291,7 +314,8 @@ impl Vocab {
         }
         // Control tokens named "unused" are unused.
         for id in 0..self.attrs.len() {
-            if self.attrs[id] & attr::CONTROL != 0 && contains(&self.texts[id], b"unused") {
+            if self.attrs[id] & attr::CONTROL != 0 && contains(self.text(id as TokenId), b"unused")
+            {
                 self.attrs[id] |= attr::UNUSED;
             }
         }

@@ -12,7 +12,9 @@
 //! in whole 16-lane vectors, which padding the span with masked (zero) lanes reproduces.
 //!
 //! Work is split by (token, K/V head): the query heads sharing a K/V head run one after
-//! another over the same cache rows.
+//! another over the same cache rows. A one-token launch (decode, and each row of a
+//! speculative verify window) is split by query head instead: a few K/V heads would leave
+//! threads idle (SmolLM2's 3 on 2 threads: 2 rounds for 1.5 rounds of work).
 
 use std::cell::RefCell;
 
@@ -21,6 +23,9 @@ use super::ggml_math;
 use super::par;
 use super::simd::{CacheRows, SumOrder, round_to_f16, scores, store_f16, weighted_sum};
 use crate::kernels::KernelArgs;
+
+#[path = "attention_decode.rs"]
+mod decode;
 
 /// The positions of a launch's tokens, each checked to lie inside the cache.
 fn positions(op: &str, pos: &[i32], n_tokens: usize, n_ctx: usize) -> Result<Vec<usize>, String> {
@@ -83,14 +88,14 @@ struct Shape<'a> {
     kqv_order: SumOrder,
 }
 
-/// Every query head of K/V head `kv_head` for token `t` over cache rows `0..span`, into
-/// `out` (`group` heads of `head_dim`).
-fn run_group<'a>(s: &Shape<'a>, t: usize, kv_head: usize, span: usize, out: &mut [f32]) {
+/// Query heads `h0..` of token `t` (as many as `out` holds, `head_dim` each) over cache
+/// rows `0..span`.
+fn run_heads<'a>(s: &Shape<'a>, t: usize, h0: usize, span: usize, out: &mut [f32]) {
     let hd = s.head_dim;
-    let rows = |cache: &'a [u16]| CacheRows {
+    let rows = |cache: &'a [u16], h: usize| CacheRows {
         data: &cache[..span * s.kv_dim],
         stride: s.kv_dim,
-        offset: kv_head * hd,
+        offset: (h / s.group) * hd,
         len: hd,
     };
     SCRATCH.with(|cell| {
@@ -99,18 +104,19 @@ fn run_group<'a>(s: &Shape<'a>, t: usize, kv_head: usize, span: usize, out: &mut
         qr.resize(hd, 0.0);
         sc.resize(span.next_multiple_of(SOFTMAX_LANES), 0.0);
         for (j, o) in out.chunks_exact_mut(hd).enumerate() {
-            let h = kv_head * s.group + j;
+            let h = h0 + j;
             round_to_f16(&s.q[(t * s.n_head + h) * hd..][..hd], qr);
-            scores(s.kq_order, qr, rows(s.k), s.scale, &mut sc[..span]);
+            scores(s.kq_order, qr, rows(s.k, h), s.scale, &mut sc[..span]);
             sc[span..].fill(f32::NEG_INFINITY);
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let sum = ggml_math::softmax_exp(sc, max);
-            let inv = (1.0 / sum) as f32;
             // ggml hands the normalised probabilities to the V product as f16.
-            for x in sc.iter_mut() {
-                *x = half::f16::from_f32(*x * inv).to_f32();
+            decode::scale_round_f16(sc, (1.0 / sum) as f32);
+            let done = s.kqv_order == SumOrder::Single
+                && decode::weighted_sum_single(&sc[..span], rows(s.v, h), o);
+            if !done {
+                weighted_sum(s.kqv_order, &sc[..span], rows(s.v, h), acc, o);
             }
-            weighted_sum(s.kqv_order, &sc[..span], rows(s.v), acc, o);
         }
     });
 }
@@ -157,10 +163,12 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
         // ggml's cache view is a multiple of 256 rows long: always whole vectors.
         kqv_order: SumOrder::of(n_tokens, SOFTMAX_LANES),
     };
-    let group_len = s.group * head_dim;
-    par::for_each_chunk(a.pool, out, group_len, |i, o| {
-        let (t, kv_head) = (i / n_kv_head, i % n_kv_head);
-        run_group(&s, t, kv_head, pos[t] + 1, o)
+    // Heads per work item: a K/V head's group, or one head for a one-token launch.
+    let per_item = if n_tokens == 1 { 1 } else { s.group };
+    let items_per_token = n_head / per_item;
+    par::for_each_chunk(a.pool, out, per_item * head_dim, |i, o| {
+        let t = i / items_per_token;
+        run_heads(&s, t, (i % items_per_token) * per_item, pos[t] + 1, o)
     });
     Ok(())
 }

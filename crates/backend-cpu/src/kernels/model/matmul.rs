@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use super::check::{Format, elems, fits, format, prefix, prefix_mut};
 use super::par::{self, DisjointOut};
-use super::tiles::{COLS, ROWS, ROWS8, Tiles, tiles};
+use super::tiles::{COLS, ROWS, ROWS8, Tiles, small, tiles};
 use crate::kernels::KernelArgs;
 
 /// Weight rows kept in L1 while a block of activation rows passes (for k = 4096 in
@@ -64,6 +64,24 @@ fn with_quantised<R>(
     })
 }
 
+/// strata_quant's Q4_K decode kernel for `ty == Q4_K` where this CPU has it (AVX-512
+/// VNNI); `STRATA_CPU_Q4K_VNNI=0` keeps the AVX2 tile kernel (for A/B timing).
+fn q4_k_rows8(ty: strata_quant::QuantType) -> Option<strata_quant::q4k_rows8::Rows8Fn> {
+    static KERNEL: std::sync::OnceLock<Option<strata_quant::q4k_rows8::Rows8Fn>> =
+        std::sync::OnceLock::new();
+    if ty != strata_quant::QuantType::Q4_K {
+        return None;
+    }
+    *KERNEL.get_or_init(|| {
+        let off = std::env::var("STRATA_CPU_Q4K_VNNI").is_ok_and(|v| v == "0");
+        if off {
+            None
+        } else {
+            strata_quant::q4k_rows8::q4_k_rows8()
+        }
+    })
+}
+
 /// One weight matrix times a set of activation rows.
 struct Product<'a> {
     /// `m` rows of `f.row_bytes`.
@@ -110,7 +128,7 @@ impl Gemm<'_> {
             (Some(t), &[(ai, oi)]) => {
                 let act = self.act(ai);
                 let mut r = r0;
-                if let Some(rows8) = t.rows8 {
+                if let Some(rows8) = q4_k_rows8(self.f.ty).or(t.rows8) {
                     let mut out = [0f32; ROWS8];
                     while r + ROWS8 <= r1 {
                         rows8(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
@@ -136,6 +154,9 @@ impl Gemm<'_> {
                     self.put(oi, r, out[0]);
                 }
             }
+            // A small batch (a speculative verify window): each weight row read once for
+            // all its activation rows, where the format has a panel kernel (tiles_small.rs).
+            (Some(_), cols) if small::fits(cols.len()) && self.small_batch(p, cols, r0, r1) => {}
             // A batch: each weight row against COLS activation rows at once, a block of
             // weight rows staying in L1 while a block of activation rows streams past.
             (Some(t), cols) if cols.len() > 1 => {
@@ -184,6 +205,27 @@ impl Gemm<'_> {
                 }
             }
         }
+    }
+
+    /// Output rows `r0..r1` of `p` through a [`small::Panel`]; false (nothing written)
+    /// when the format or this CPU has no panel kernel.
+    fn small_batch(&self, p: &Product<'_>, cols: &[(usize, usize)], r0: usize, r1: usize) -> bool {
+        if !small::has_kernel(self.f.ty) {
+            return false;
+        }
+        let acts: Vec<&[u8]> = cols.iter().map(|&(ai, _)| self.act(ai)).collect();
+        let Some(panel) = small::Panel::new(self.f.ty, self.k, &acts) else {
+            return false;
+        };
+        let rb = self.f.row_bytes;
+        let mut out = [0f32; small::MAX_ROWS];
+        for r in r0..r1 {
+            panel.dot(&p.w[r * rb..(r + 1) * rb], &mut out);
+            for (&(_, oi), &v) in cols.iter().zip(&out) {
+                self.put(oi, r, v);
+            }
+        }
+        true
     }
 
     /// Runs every product, split over the pool by ranges of weight rows.
@@ -328,4 +370,56 @@ pub fn mul_mat_experts(a: &KernelArgs<'_>) -> Result<(), String> {
         };
         gemm.run(a.pool, &products);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Timing, not a check: `cargo test --release -p strata-backend-cpu q4_k_rows8_speed
+    /// -- --ignored --nocapture`. The best of many short runs from cache (a preempted
+    /// run only ever looks slower).
+    #[test]
+    #[ignore]
+    fn q4_k_rows8_speed() {
+        let ty = strata_quant::QuantType::Q4_K;
+        let (Some(t), Some(vnni)) = (tiles(ty), q4_k_rows8(ty)) else {
+            return;
+        };
+        let Some(avx2) = t.rows8 else { return };
+        let k = 1024;
+        let rows: Vec<Vec<u8>> = (0..ROWS8)
+            .map(|r| {
+                let mut v: Vec<u8> = (0..k / 256 * 144).map(|i| (i * 7 + r) as u8).collect();
+                for b in v.chunks_exact_mut(144) {
+                    b[..4].copy_from_slice(&[0, 0x20, 0, 0x1c]);
+                }
+                v
+            })
+            .collect();
+        let x: Vec<f32> = (0..k).map(|i| ((i * 13) % 17) as f32 - 8.0).collect();
+        let mut act = vec![0u8; k / 256 * 292];
+        strata_quant::quantize_activation_into(strata_quant::ActFormat::Q8_K, &x, &mut act)
+            .unwrap();
+        let refs: [&[u8]; ROWS8] = std::array::from_fn(|r| rows[r].as_slice());
+        for (name, f) in [
+            ("avx2", avx2),
+            ("vnni", vnni),
+            ("avx2", avx2),
+            ("vnni", vnni),
+        ] {
+            let mut best = f64::MAX;
+            let mut out = [0f32; ROWS8];
+            for _ in 0..200 {
+                let t0 = std::time::Instant::now();
+                for _ in 0..1000 {
+                    f(k, &refs, std::hint::black_box(&act), &mut out);
+                }
+                best = best.min(t0.elapsed().as_secs_f64());
+            }
+            println!("{name}: {:.1} ns per 8 rows x {k}", best * 1e6);
+        }
+    }
 }

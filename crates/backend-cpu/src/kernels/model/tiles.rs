@@ -62,6 +62,9 @@ pub fn tiles(ty: QuantType) -> Option<&'static Tiles> {
 #[path = "tiles_avx2.rs"]
 mod avx2;
 
+#[path = "tiles_small.rs"]
+pub mod small;
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     #![allow(clippy::unwrap_used)]

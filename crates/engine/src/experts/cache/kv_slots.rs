@@ -69,14 +69,17 @@ impl ExpertCache {
         Ok(self.change(usable - keep, moved))
     }
 
-    /// Returns every slot the K/V took and fills the free slots with the hottest experts
-    /// not resident, publishing the table through `upload` (ordered: `Device::upload`).
+    /// Returns `n` of the slots the K/V took (one context's: several contexts may hold
+    /// some at once) and fills the free slots with the hottest experts not resident, by
+    /// profile and routing counts, publishing the table through `upload` (ordered:
+    /// `Device::upload`).
     pub fn return_slots_with(
         &mut self,
+        n: usize,
         upload: &mut TableUpload<'_>,
     ) -> Result<SlotChange, ExpertError> {
-        let returned = self.slots_taken();
-        self.table.set_usable(self.table.total_slots());
+        let returned = n.min(self.slots_taken());
+        self.table.set_usable(self.table.n_slots() + returned);
         let ne = self.layout.n_expert as usize;
         let (table, layout) = (&self.table, &self.layout);
         let want = by_heat(&self.counts, ne, |l, e| {
@@ -94,6 +97,13 @@ impl ExpertCache {
             self.stats.bytes_fill += self.table.table_bytes();
         }
         Ok(self.change(returned, filled))
+    }
+
+    /// Waits until the slot fills and table uploads queued so far have landed (so a
+    /// trim's measured time is the stall it causes: the next step waits for them too).
+    pub fn wait_copies(&self) -> Result<(), ExpertError> {
+        self.dev.record(self.copy)?.wait()?;
+        Ok(())
     }
 
     fn change(&self, slots: usize, experts: usize) -> SlotChange {

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Speculative decoding on SmolLM2-135M Q4_1, CPU: `--spec 0` against `--spec K` on the same
+# prompts, runs alternating (a shared machine drifts), greedy outputs compared byte for byte;
+# medians of the runs. Then llama.cpp's own prompt-lookup speculative decoding as anchor
+# (llama-server --spec-type ngram-simple; llama-lookup/llama-speculative are not built here)
+# on the same prompts, plain and speculative requests alternating.
+#   ci/bench-spec.sh          REPS (default 3), K (4), N_1K (tokens for rewrite_1k, 1024),
+#                             WORKLOADS (default "rewrite_function repeat_function rewrite_1k"),
+#                             LLAMA_BIN (folder of llama-server; LLAMA=0 skips the anchor)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reps=${REPS:-3}; k=${K:-4}; n1k=${N_1K:-1024}
+workloads=${WORKLOADS:-"rewrite_function repeat_function rewrite_1k"}
+cargo build --release -q -p strata-cli
+strata=${CARGO_TARGET_DIR:-target}/release/strata
+model=$(ci/fetch-models.sh)
+fixtures=tests/fixtures/spec
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+load_before=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || true)
+
+# Per workload: strata run flags and tokens to generate (rewrite_function and rewrite_1k are
+# chat prompts; repeat_function is raw text the model keeps repeating).
+args() {
+  case $1 in
+    repeat_function) echo "--raw -n 128" ;;
+    rewrite_1k) echo "-n $n1k" ;;
+    *) echo "-n 128" ;;
+  esac
+}
+median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+
+printf '| workload | runs | --spec 0 tok/s | --spec %s tok/s | speed-up (per run) | windows | accepted/window | acceptance | row cost |\n' "$k"
+printf '|---|---|---|---|---|---|---|---|---|\n'
+for w in $workloads; do
+  : >"$out/ratios"
+  for r in $(seq "$reps"); do
+    for s in 0 "$k"; do
+      # shellcheck disable=SC2046
+      $strata run -m "$model" --temp 0 --ignore-eos $(args "$w") --spec "$s" \
+        -f "$fixtures/$w.txt" >"$out/$w.$s.$r.txt" 2>"$out/$w.$s.$r.log"
+      grep -o 'generated [0-9]* tokens in [0-9.]* s ([0-9.]* tokens/s)' "$out/$w.$s.$r.log" |
+        sed 's/.*(\([0-9.]*\) tokens.*/\1/' >"$out/$w.$s.$r.tps"
+    done
+    cmp -s "$out/$w.0.$r.txt" "$out/$w.$k.$r.txt" ||
+      { echo "$w run $r: --spec $k output differs from --spec 0" >&2; exit 1; }
+    echo "$(cat "$out/$w.$k.$r.tps") / $(cat "$out/$w.0.$r.tps")" | bc -l >>"$out/ratios"
+  done
+  base=$(cat "$out/$w.0."*.tps | median)
+  spec=$(cat "$out/$w.$k."*.tps | median)
+  ratio=$(median <"$out/ratios")
+  per_run=$(xargs printf '%.2f ' <"$out/ratios")
+  # A spec statistic over the runs: min-max.
+  stat() { grep -ho "$1" "$out/$w.$k."*.log | grep -o '[0-9][0-9.]*' | sort -g | sed -n '1p;$p' |
+           paste -sd- -; }
+  printf '| %s | %s | %.1f | %.1f | %.2fx (%s) | %s | %s | %s%% | %s |\n' "$w" "$reps" "$base" "$spec" \
+    "$ratio" "${per_run% }" "$(stat '[0-9]* windows')" "$(stat '[0-9.]* accepted tokens')" \
+    "$(stat '[0-9.]*% (' | tr -d '%(')" "$(stat 'costs [0-9.]*' | sed 's/costs //')"
+done
+
+# llama.cpp's anchor: llama-server with and without n-gram drafts (a 3-token match, up to 4
+# drafts, the closest to strata's --spec 4), the same prompts (chat ones through the chat
+# endpoint), temperature 0, ignore_eos, no prompt cache; tokens/s from its own timings.
+llama_bin=${LLAMA_BIN:-/work/oracle/llama.cpp/build/bin}
+if [ "${LLAMA:-1}" != 0 ] && [ -x "$llama_bin/llama-server" ]; then
+  port=${PORT:-18391}
+  serve() {
+    "$llama_bin/llama-server" -m "$model" -t "$(nproc)" -c 4096 -np 1 --port "$port" "$@" \
+      >"$out/server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 120); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.5; done
+    echo "llama-server did not start" >&2; exit 1
+  }
+  ask() {  # workload -> predicted tokens/s
+    local w=$1 n=128 body
+    [ "$w" = rewrite_1k ] && n=$n1k
+    if [ "$w" = repeat_function ]; then
+      body=$(python3 -c 'import json,sys; print(json.dumps({"prompt": open(sys.argv[1]).read(), "n_predict": int(sys.argv[2]), "temperature": 0, "ignore_eos": True, "cache_prompt": False}))' "$fixtures/$w.txt" "$n")
+      curl -sf "localhost:$port/completion" -d "$body"
+    else
+      body=$(python3 -c 'import json,sys; print(json.dumps({"messages": [{"role": "user", "content": open(sys.argv[1]).read()}], "max_tokens": int(sys.argv[2]), "temperature": 0, "ignore_eos": True, "cache_prompt": False}))' "$fixtures/$w.txt" "$n")
+      curl -sf "localhost:$port/v1/chat/completions" -d "$body"
+    fi | python3 -c 'import json,sys; t=json.load(sys.stdin)["timings"]; print(round(t["predicted_per_second"],2), t.get("draft_n",0), t.get("draft_n_accepted",0))'
+  }
+  printf '\nllama.cpp anchor (llama-server, ngram-simple size-n 3 size-m %s):\n\n' "$k"
+  printf '| workload | plain tok/s | ngram-simple tok/s | speed-up | drafts accepted |\n|---|---|---|---|---|\n'
+  for w in $workloads; do
+    : >"$out/l.plain"; : >"$out/l.spec"
+    for r in $(seq "$reps"); do
+      serve; ask "$w" >>"$out/l.plain"; kill "$pid"; wait "$pid" 2>/dev/null || true
+      serve --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$k"
+      ask "$w" >>"$out/l.spec"; kill "$pid"; wait "$pid" 2>/dev/null || true
+    done
+    lp=$(cut -d' ' -f1 "$out/l.plain" | median); ls=$(cut -d' ' -f1 "$out/l.spec" | median)
+    printf '| %s | %s | %s | %.2fx | %s |\n' "$w" "$lp" "$ls" "$(echo "$ls / $lp" | bc -l)" \
+      "$(awk '{d+=$2; a+=$3} END {print a "/" d}' "$out/l.spec")"
+  done
+fi
+printf '\n(%s threads; load average before: %s, after: %s)\n' "$(nproc)" "$load_before" \
+  "$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || true)"
