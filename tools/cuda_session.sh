@@ -92,8 +92,12 @@ for step in $STEPS; do
         REPS=${REPS:-2} bash ci/bench-gpu.sh "$q" > "$OUT/bench-table-$q.md" 2> "$OUT/bench-$q.log"
       stamp "bench $q done";;
     kvdepth)
-      STRATA="$C/strata" LLAMA_BIN=$LLAMA_BIN MODEL_DIR="$MODEL_DIR" OUT="$OUT/kvdepth" \
-        bash ci/bench-kv-depth.sh > "$OUT/kvdepth-table.md" 2> "$OUT/kvdepth.log"
+      # f16 at 4K and 32K, int8 at 4K (KVDEPTH_F16 / KVDEPTH_INT8 to change)
+      for kv in f16 int8; do
+        [ $kv = f16 ] && d=${KVDEPTH_F16:-4096 32768} || d=${KVDEPTH_INT8:-4096}
+        STRATA="$C/strata" LLAMA_BIN=$LLAMA_BIN MODEL_DIR="$MODEL_DIR" OUT="$OUT/kvdepth" \
+          KVS=$kv DEPTHS="$d" bash ci/bench-kv-depth.sh >> "$OUT/kvdepth-table.md" 2>> "$OUT/kvdepth.log"
+      done
       stamp "kv depth done";;
     prefill-profile)
       STRATA_KERNEL_TIMING=1 "$C/strata" bench -m "$MODEL_DIR/qwen3-30b-a3b-shape-Q4_K.gguf" \
