@@ -4,7 +4,8 @@
 // A unit is one (token, K/V head, group of up to ATT_HEADS query heads sharing that K/V
 // head): each cache row is read once per unit, not once per query head. The unit's span
 // (rows 0..=pos) is cut into chunks of ATT_CHUNK rows at fixed positions; a cluster of
-// ATT_CLUSTER blocks (sm_90's thread-block clusters) takes the unit, block r taking chunks
+// ATT_CLUSTER blocks (sm_90's thread-block clusters, 16: the backend allows that
+// non-portable size) takes the unit, block r taking chunks
 // r, r + ATT_CLUSTER, ..., and the blocks exchange their partial results through
 // distributed shared memory, always in rank order. A span of one chunk is done by block 0
 // alone (a merge of one partial result is that result, bit for bit). Which block does what
@@ -29,7 +30,7 @@
 #include "common.cuh"
 
 #define ATT_CHUNK 64        // cache rows per chunk
-#define ATT_STORED_CHUNKS 8  // chunks a block keeps the scores of
+#define ATT_STORED_CHUNKS 16  // chunks a block keeps the scores of
 #define ATT_PV_ROWS 16      // V rows a thread loads at once
 #define ATT_HEADS 8u        // query heads per unit
 #define ATT_MAX_THREADS 256  // the block size the shared arrays are sized for
@@ -37,7 +38,7 @@
 #define ATT_Q_STRIDE (ATT_MAX_HEAD_DIM + 4)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define ATT_CLUSTER 8
+#define ATT_CLUSTER 16
 #define ATT_CLUSTER_DIMS __cluster_dims__(ATT_CLUSTER, 1, 1)
 __device__ __forceinline__ uint32_t att_cluster_rank() {
     uint32_t r;
@@ -262,13 +263,15 @@ __device__ __forceinline__ void attention_split(const float* q, const int32_t* p
                                                 uint32_t n_kv_head, uint32_t head_dim,
                                                 uint32_t n_ctx, float scale, Kv cache) {
     __shared__ float qs[ATT_HEADS * ATT_Q_STRIDE];
-    // Scores, then exponentials, of the block's first chunks ([chunk][head][row]); a
-    // later chunk's in `scratch`.
+    // Scores, then exponentials, then probabilities of the block's first chunks
+    // ([chunk][head][row]); a later chunk's in `scratch`. Once P·V is done the same memory
+    // holds its row subsets' sums ([subset][head][dim]), subset 0's place then the block's
+    // partial output.
     __shared__ float stored[ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK];
     __shared__ float scratch[ATT_HEADS * ATT_CHUNK];
-    // P·V's row subsets' sums ([subset][head][dim]); subset 0's place then holds the
-    // block's partial output.
-    __shared__ float subset_acc[2 * ATT_HEADS * ATT_MAX_THREADS];
+    float* const subset_acc = stored;
+    static_assert(2 * ATT_HEADS * ATT_MAX_THREADS <= ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK,
+                  "the subset sums fit the stored scores");
     __shared__ float part_max[ATT_HEADS], head_max[ATT_HEADS], inv_sum[ATT_HEADS];
     __shared__ double part_sum[ATT_HEADS];
     const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;

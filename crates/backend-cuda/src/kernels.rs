@@ -150,7 +150,9 @@ fn load_module(
     Ok((m, Origin::Nvrtc { target }))
 }
 
-/// The cluster width `f` requires (1 when it declares none or the driver cannot say).
+/// The cluster width `f` requires (1 when it declares none or the driver cannot say). A
+/// width above 8 (not portable; Hopper runs 16) is allowed for `f` here, or its launches
+/// would fail.
 fn cluster_width(f: sys::CUfunction) -> u32 {
     let mut w = 0i32;
     // SAFETY: valid function; writes one integer.
@@ -161,11 +163,24 @@ fn cluster_width(f: sys::CUfunction) -> u32 {
             f,
         )
     };
-    if r == sys::CUresult::CUDA_SUCCESS {
-        u32::try_from(w).unwrap_or(1).max(1)
-    } else {
-        1
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return 1;
     }
+    let width = u32::try_from(w).unwrap_or(1).max(1);
+    if width > 8 {
+        // SAFETY: valid function; sets one attribute.
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!("cuda: a kernel needs clusters of {width} blocks, not allowed ({r:?})");
+        }
+    }
+    width
 }
 
 /// Parameter sizes of `f`, or `None` when the driver cannot report them.
