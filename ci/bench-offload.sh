@@ -10,6 +10,8 @@
 #
 # Env: MODEL_DIR (default /tmp/strata-bench), OUT (default $MODEL_DIR/out-offload), REPS
 # (default 3), THREADS (CPU threads for both engines, default: physical cores), SKEW.
+# Each run's peak device memory (nvidia-smi's memory.used polled every 100 ms, less what was
+# in use before the run) is reported for both engines: the issue matches them within 5%.
 set -euo pipefail
 STRATA=${STRATA:-target/release/strata}
 LLAMA_BIN=${LLAMA_BIN:?set LLAMA_BIN to llama.cpp CUDA build/bin}
@@ -38,32 +40,54 @@ echo "== strata profile" >&2
 "$STRATA" profile -m "$f" --backend cuda --raw --prompts "$prompts" -n 32 \
   --cpu-threads "$THREADS" -o "$OUT/profile.json" >&2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+# peak_vram FILE CMD...: runs CMD (stdout/stderr as the caller redirects), writes its peak
+# device memory in MiB above the idle level to FILE.
+peak_vram() {
+  local file=$1; shift
+  local idle
+  idle=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$file.samples" &
+  local poller=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$poller" 2>/dev/null; wait "$poller" 2>/dev/null || true
+  sort -n "$file.samples" | tail -1 | awk -v idle="$idle" '{print $1 - idle}' > "$file"
+  return $rc
+}
 for cfg in "1536 36" "3072 24" "0 48"; do
   set -- $cfg
   slots=$1 ncpu=$2
   echo "== strata --expert-cache $slots" >&2
-  "$STRATA" bench -m "$f" --backend cuda --expert-cache "$slots" --profile "$OUT/profile.json" \
+  peak_vram "$OUT/vram-strata-$slots.txt" \
+    "$STRATA" bench -m "$f" --backend cuda --expert-cache "$slots" --profile "$OUT/profile.json" \
     --cpu-threads "$THREADS" -p 512 -n 64 -r "$REPS" --json \
     > "$OUT/strata-$slots.json" 2> "$OUT/strata-$slots.log"
   grep "expert cache hit rate" "$OUT/strata-$slots.log" | tail -1 >&2 || true
   echo "== llama.cpp --n-cpu-moe $ncpu" >&2
-  "$LLAMA_BIN/llama-bench" -m "$f" -ngl 99 -fa 1 --n-cpu-moe "$ncpu" -t "$THREADS" \
+  peak_vram "$OUT/vram-llama-$ncpu.txt" \
+    "$LLAMA_BIN/llama-bench" -m "$f" -ngl 99 -fa 1 --n-cpu-moe "$ncpu" -t "$THREADS" \
     -p 512 -n 64 -r "$REPS" -o json > "$OUT/llama-$ncpu.json"
 done
 python3 - "$OUT" <<'PY'
 import json, re, sys
 out = sys.argv[1]
-print("| strata cache | llama.cpp --n-cpu-moe | test | llama.cpp tok/s | strata tok/s | ratio | decode hit rate |")
-print("|---:|---:|---|---:|---:|---:|---|")
+print("| strata cache | llama.cpp --n-cpu-moe | test | llama.cpp tok/s | strata tok/s | ratio | decode hit rate | peak VRAM MiB llama.cpp / strata |")
+print("|---:|---:|---|---:|---:|---:|---|---|")
 for slots, ncpu in [(1536, 36), (3072, 24), (0, 48)]:
     s = json.load(open(f"{out}/strata-{slots}.json"))
     l = json.load(open(f"{out}/llama-{ncpu}.json"))
     log = open(f"{out}/strata-{slots}.log").read()
     m = re.findall(r"hit rate ([0-9.]+%)", log)
     hit = m[-1] if m else "?"
+    def vram(name):
+        try:
+            return open(f"{out}/vram-{name}.txt").read().strip()
+        except OSError:
+            return "?"
+    mem = f"{vram(f'llama-{ncpu}')} / {vram(f'strata-{slots}')}"
     def lc(p, n):
         return next((r["avg_ts"] for r in l if r["n_prompt"] == p and r["n_gen"] == n), float("nan"))
     for test, ours, theirs in [("pp512", s["prefill_tokens_per_s"], lc(512, 0)),
                                ("tg64", s["decode_tokens_per_s"], lc(0, 64))]:
-        print(f"| {slots} | {ncpu} | {test} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | {hit} |")
+        print(f"| {slots} | {ncpu} | {test} | {theirs:.1f} | {ours:.1f} | {ours / theirs:.2f}x | {hit} | {mem} |")
 PY

@@ -10,8 +10,9 @@
 // mul_mat_experts are compiled for blocks of at most 256 threads, so that two blocks fit an
 // SM's registers, and a larger block is a launch error); work is
 // taken in grid-stride loops. The shapes that fit them best: element-wise ops one thread
-// per element; rms_norm one block per row; router_topk one warp per row; attention one
-// block per (token, head); mul_mat one 256-thread block per 16 weight rows and tile of 8
+// per element; rms_norm one block per row; router_topk one warp per row; attention 256
+// threads a block, any grid (sm_90 launches it in clusters of 8 blocks: the backend rounds
+// the grid up; attention.cuh); mul_mat one 256-thread block per 16 weight rows and tile of 8
 // tokens (see matmul.cuh); mul_mat_experts one such block per 16 rows and (token, slot),
 // or per routed expert when the pairs are grouped.
 //
@@ -26,6 +27,7 @@
 #include "slot_units.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
+#include "attention.cuh"
 
 __device__ __forceinline__ bool whole_warps() { return (blockDim.x & 31) == 0; }
 
@@ -395,12 +397,6 @@ extern "C" __global__ void rope(float* x, const int32_t* pos, uint32_t n_tokens,
     }
 }
 
-// ---- attention: one block per (token, head) -------------------------------------------------
-
-#define ATT_MAX_HEAD_DIM 256
-#define ATT_WARPS 8
-#define ATT_SCORES 4096  // scores kept in shared memory; longer spans recompute them
-
 // ---- router_topk: one warp per token ---------------------------------------------------------
 
 #define ROUTER_CACHED 8  // probabilities per lane kept in registers (rows up to 256 experts)
@@ -560,139 +556,16 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
     }
 }
 
-// Causal GQA over the f16 cache, as llama.cpp's CPU attention (without flash attention)
-// computes it: token t attends to cache rows 0..=pos[t]; head h reads K/V head
-// h / (n_head / n_kv_head). The query is rounded to f16 (ggml converts it for an f16 K
-// cache); scores are scaled; the softmax uses ggml's exponentials.
-//
-// Per (token, head) unit: scores a thread per cache row (a warp per row waited
-// for a shuffle reduction per row, row after row), their maximum, the exponentials and
-// their sum in f64, then P·V with a warp per 32 rows, each row's probability f16-rounded
-// (as the CPU's f16 P·V) and broadcast from the lane that scored it. Spans up to
-// ATT_SCORES keep their scores in shared memory; longer ones recompute them. A unit's
-// arithmetic does not depend on the batch it came in.
-
-// (f16(q) · k) · scale for one cache row, by one thread.
-__device__ __forceinline__ float att_row_score(const float* qs, const uint16_t* kr,
-                                               uint32_t head_dim, float scale) {
-    float dot = 0.0f;
-    if ((head_dim & 7) == 0 && ((uint64_t)kr & 15) == 0) {
-        for (uint32_t d = 0; d < head_dim; d += 8) {
-            const uint4 w = *(const uint4*)(kr + d);
-            const uint32_t h[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                dot = fmaf(qs[d + 2 * i], f16_to_f32((uint16_t)(h[i] & 0xffffu)), dot);
-                dot = fmaf(qs[d + 2 * i + 1], f16_to_f32((uint16_t)(h[i] >> 16)), dot);
-            }
-        }
-    } else {
-        for (uint32_t d = 0; d < head_dim; d++) dot = fmaf(qs[d], f16_to_f32(kr[d]), dot);
-    }
-    return __fmul_rn(dot, scale);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
+// Causal GQA over the f16 cache: token t attends to cache rows 0..=pos[t]; head h reads
+// K/V head h / (n_head / n_kv_head). Split along the keys, a cluster of blocks per (token,
+// K/V head): attention.cuh.
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
-                     const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
-                     uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
-    __shared__ float qs[ATT_MAX_HEAD_DIM];
-    __shared__ float sc[ATT_SCORES];
-    __shared__ float wmax[ATT_WARPS];
-    __shared__ double wsum[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][ATT_MAX_HEAD_DIM];
-    const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
-    if (!whole_warps() || blockDim.x > 32 * ATT_WARPS || n_kv_head == 0 ||
-        n_head % n_kv_head != 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1))
-        return fill_nan(out, total);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const uint32_t group = n_head / n_kv_head, pairs = head_dim / 2;
-    const uint64_t kv_dim = (uint64_t)n_kv_head * head_dim;
-    const uint64_t units = (uint64_t)n_tokens * n_head;
-    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint64_t t = un / n_head;
-        const uint32_t kvh = (uint32_t)(un % n_head) / group;
-        const uint16_t* kb = k_cache + (uint64_t)kvh * head_dim;
-        const uint16_t* vb = v_cache + (uint64_t)kvh * head_dim;
-        const int32_t p = pos[t];
-        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
-        const bool keep = span <= ATT_SCORES;
-        __syncthreads();  // the previous unit is done with the shared arrays
-        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x)
-            qs[d] = round_to_f16(q[un * head_dim + d]);
-        __syncthreads();
-
-        // 1. Scores, a thread per row, and their maximum.
-        float mx = -F32_INF;
-        for (uint64_t j = threadIdx.x; j < span; j += blockDim.x) {
-            const float s = att_row_score(qs, kb + j * kv_dim, head_dim, scale);
-            if (keep) sc[j] = s;
-            mx = fmaxf(mx, s);
-        }
-        mx = warp_max(mx);
-        if (lane == 0) wmax[warp] = mx;
-        __syncthreads();
-        mx = -F32_INF;
-        for (int w = 0; w < nwarps; w++) mx = fmaxf(mx, wmax[w]);
-
-        // 2. Exponentials (kept in place of the scores) and their sum.
-        double sum = 0.0;
-        for (uint64_t j = threadIdx.x; j < span; j += blockDim.x) {
-            const float s = keep ? sc[j] : att_row_score(qs, kb + j * kv_dim, head_dim, scale);
-            const float e = ggml_softmax_exp(__fsub_rn(s, mx), j, span);
-            if (keep) sc[j] = e;
-            sum += (double)e;
-        }
-        sum = warp_sum_f64(sum);
-        if (lane == 0) wsum[warp] = sum;
-        __syncthreads();
-        sum = 0.0;
-        for (int w = 0; w < nwarps; w++) sum += wsum[w];
-        const float inv = (float)(1.0 / sum);
-
-        // 3. out = Σ_j f16(e_j · inv) · v_j: each warp takes 32 rows at a time, lane r
-        // holding row r's probability.
-        float acc[4][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
-        for (uint64_t base = 32 * (uint64_t)warp; base < span; base += 32 * (uint64_t)nwarps) {
-            const uint64_t j = base + lane;
-            float e = 0.0f;
-            if (j < span)
-                e = keep ? sc[j]
-                         : ggml_softmax_exp(
-                               __fsub_rn(att_row_score(qs, kb + j * kv_dim, head_dim, scale), mx),
-                               j, span);
-            const float pj = round_to_f16(__fmul_rn(e, inv));
-            const int rows = (int)min((uint64_t)32, span - base);
-#pragma unroll 4
-            for (int r = 0; r < rows; r++) {
-                const float pr = __shfl_sync(FULL_MASK, pj, r);
-                const uint16_t* vr = vb + (base + r) * kv_dim;
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const uint32_t pp = lane + 32 * c;
-                    if (pp < pairs) {
-                        const uint32_t v2 = *(const uint32_t*)(vr + 2 * pp);
-                        acc[c][0] = fmaf(pr, f16_to_f32((uint16_t)(v2 & 0xffffu)), acc[c][0]);
-                        acc[c][1] = fmaf(pr, f16_to_f32((uint16_t)(v2 >> 16)), acc[c][1]);
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const uint32_t pp = lane + 32 * c;
-            if (pp < pairs) {
-                wacc[warp][2 * pp] = acc[c][0];
-                wacc[warp][2 * pp + 1] = acc[c][1];
-            }
-        }
-        __syncthreads();
-        for (uint32_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-            float o = 0.0f;
-            for (int w = 0; w < nwarps; w++) o = __fadd_rn(o, wacc[w][d]);
-            out[un * head_dim + d] = o;
-        }
-    }
+              const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+              uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    const uint64_t head = head_dim;
+    const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }
 
 // ---- the int8 K/V cache (kv_q8.cuh: kv_store_q8, attention_q8) ------------------------------
@@ -704,11 +577,11 @@ extern "C" __global__ void kv_store_q8(const float* k, const float* v, const int
     kv_store_q8_body(k, v, pos, k_cache, v_cache, kv_dim, n_tokens, n_ctx);
 }
 
-extern "C" __global__ void attention_q8(const float* q, const int32_t* pos,
-                                        const uint16_t* k_cache, const uint16_t* v_cache,
-                                        float* out, uint32_t n_tokens, uint32_t n_head,
-                                        uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx,
-                                        float scale) {
-    attention_q8_body(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head, head_dim,
-                      n_ctx, scale);
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
+    attention_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                 const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                 uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
+    const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }

@@ -419,6 +419,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         let s = self.stream(stream)?;
         let [gx, gy, gz] = cfg.grid;
+        let gx = entry.grid_x(gx);
         let [bx, by, bz] = cfg.block;
         let timed = match &self.timing {
             Some(t) => t.start(s)?,

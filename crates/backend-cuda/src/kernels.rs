@@ -22,6 +22,28 @@ pub(crate) struct KernelEntry {
     pub func: sys::CUfunction,
     /// Byte size of each parameter, when the driver can tell (`cuFuncGetParamInfo`).
     pub params: Option<Vec<usize>>,
+    /// Blocks per thread-block cluster the kernel was compiled for (`__cluster_dims__`,
+    /// e.g. attention on sm_90), else 1: the launch rounds its grid up to a multiple
+    /// (every kernel takes its work in grid-stride loops, so extra blocks are idle).
+    pub cluster_width: u32,
+}
+
+impl KernelEntry {
+    fn new(func: sys::CUfunction) -> Self {
+        Self {
+            func,
+            params: param_sizes(func),
+            cluster_width: cluster_width(func),
+        }
+    }
+
+    /// `grid_x` rounded up to a whole number of clusters.
+    pub fn grid_x(&self, grid_x: u32) -> u32 {
+        match self.cluster_width {
+            0 | 1 => grid_x,
+            w => grid_x.div_ceil(w).saturating_mul(w),
+        }
+    }
 }
 
 /// A kernel the backend launches in place of a listed one when `applies` says so for the
@@ -128,6 +150,39 @@ fn load_module(
     Ok((m, Origin::Nvrtc { target }))
 }
 
+/// The cluster width `f` requires (1 when it declares none or the driver cannot say). A
+/// width above 8 (not portable; Hopper runs 16) is allowed for `f` here, or its launches
+/// would fail.
+fn cluster_width(f: sys::CUfunction) -> u32 {
+    let mut w = 0i32;
+    // SAFETY: valid function; writes one integer.
+    let r = unsafe {
+        sys::cuFuncGetAttribute(
+            &mut w,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+            f,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return 1;
+    }
+    let width = u32::try_from(w).unwrap_or(1).max(1);
+    if width > 8 {
+        // SAFETY: valid function; sets one attribute.
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            tracing::warn!("cuda: a kernel needs clusters of {width} blocks, not allowed ({r:?})");
+        }
+    }
+    width
+}
+
 /// Parameter sizes of `f`, or `None` when the driver cannot report them.
 fn param_sizes(f: sys::CUfunction) -> Option<Vec<usize>> {
     if !driver::has_symbol("cuFuncGetParamInfo") {
@@ -185,11 +240,7 @@ impl KernelTable {
         for v in VARIANTS {
             let module = loaded.iter().find(|(name, _)| *name == v.of.module());
             if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
-                let entry = KernelEntry {
-                    func: f,
-                    params: param_sizes(f),
-                };
-                table.variants.push((v, entry));
+                table.variants.push((v, KernelEntry::new(f)));
             }
         }
         for id in KernelId::ALL {
@@ -199,10 +250,7 @@ impl KernelTable {
             };
             let func = function(m, id.name());
             match func {
-                Some(f) => table.entries.push(Some(KernelEntry {
-                    func: f,
-                    params: param_sizes(f),
-                })),
+                Some(f) => table.entries.push(Some(KernelEntry::new(f))),
                 None => {
                     tracing::warn!(
                         "cuda: kernel {} is not defined in kernels-cuda/{}.cu; it is unsupported",

@@ -2,6 +2,7 @@
 //! argument order (crates/core/kernels.txt). Every launch goes through the ordered API.
 
 use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Result, Stream};
+use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
 use crate::weights::{Experts, Matrix, Vector};
@@ -45,6 +46,13 @@ fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
 fn mv_blocks(m: u32, other: usize, rows: usize) -> LaunchCfg {
     let units = (m as usize).div_ceil(rows) * other.max(1);
     LaunchCfg::linear(units * (BLOCK / 2) as usize, BLOCK / 2)
+}
+
+/// A one-token product with float weights (no activation to quantise per block, so nothing
+/// is repeated by having more blocks): one-warp blocks of MV_ROWS = 2 rows, four times the
+/// blocks of `mv_blocks` (a 128-row router reaches 64 SMs instead of 16).
+fn mv_float_blocks(m: u32) -> LaunchCfg {
+    LaunchCfg::linear((m as usize).div_ceil(2) * 32, 32)
 }
 
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
@@ -138,7 +146,10 @@ impl Ops<'_> {
             .u32(w.k)
             .u32(n);
         let tiles = (n as usize).div_ceil(MM_TOKENS_PER_TILE);
-        let cfg = if n == 1 {
+        let float = matches!(w.ty, QuantType::F32 | QuantType::F16 | QuantType::BF16);
+        let cfg = if n == 1 && float {
+            mv_float_blocks(w.m)
+        } else if n == 1 {
             mv_blocks(w.m, 1, 8)
         } else {
             mm_blocks(w.m, tiles, tiles == 1)

@@ -119,7 +119,8 @@ fn print_profile(times: &[strata_core::KernelTime], steps: usize) {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
-    let need = (args.n_prompt.max(args.depth) + args.n_gen + 1) as u32;
+    // At least the warm-up's six positions (a prompt of four, then two decode steps).
+    let need = ((args.n_prompt.max(args.depth) + args.n_gen + 1) as u32).max(6);
     model_args.ctx = Some(model_args.ctx.unwrap_or(need).max(need));
     let loaded = common::load(&model_args)?;
     let vocab = loaded.model.hp.n_vocab;
