@@ -356,12 +356,27 @@ mod tests {
         let marker = "extern \"C\" __global__ void ";
         let mut out = Vec::new();
         for (module, src) in KERNEL_SOURCES {
-            for piece in src.split(marker).skip(1) {
-                // `__launch_bounds__(..)` may stand between `void` and the name.
-                let piece = match piece.trim_start().strip_prefix("__launch_bounds__") {
-                    Some(rest) => rest.split_once(')').map_or(rest, |(_, r)| r),
-                    None => piece,
-                };
+            for mut piece in src.split(marker).skip(1) {
+                // Attributes may stand between `void` and the name: `__launch_bounds__(..)`,
+                // `__cluster_dims__(..)`, or an all-caps macro standing for one.
+                loop {
+                    let p = piece.trim_start();
+                    let word: String = p
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    if word == "__launch_bounds__" || word == "__cluster_dims__" {
+                        piece = p.split_once(')').map_or("", |(_, r)| r);
+                    } else if !word.is_empty()
+                        && word
+                            .chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                    {
+                        piece = &p[word.len()..];
+                    } else {
+                        break;
+                    }
+                }
                 let name: String = piece
                     .trim_start()
                     .chars()
