@@ -224,12 +224,6 @@ struct AttKvQ8 {
     }
 };
 
-__device__ __forceinline__ void att_fill_nan(float* y, uint64_t n) {
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (uint64_t)gridDim.x * blockDim.x)
-        y[i] = nan_f32();
-}
-
 
 // Phase 1's and the recomputing phases' scores of chunk c (rows row0 .. row0 + rows) into
 // `dst` ([head][ATT_CHUNK]): four threads per row (consecutive lanes), whole warps per
@@ -279,7 +273,7 @@ __device__ __forceinline__ void attention_split(const float* q, const int32_t* p
     if ((T & 31) != 0 || T > ATT_MAX_THREADS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
         head_dim == 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1) || pairs > T ||
         (!Kv::rounds_query && head_dim % 32 != 0))
-        return att_fill_nan(out, total);
+        return fill_nan(out, total);
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = T >> 5;
     const uint32_t rank = att_cluster_rank();
     const uint32_t group = n_head / n_kv_head, head_groups = (group + ATT_HEADS - 1) / ATT_HEADS;

@@ -172,3 +172,8 @@ __device__ __forceinline__ uint64_t global_thread() {
     return (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
 }
 __device__ __forceinline__ uint64_t global_threads() { return (uint64_t)gridDim.x * blockDim.x; }
+
+// A kernel's answer to arguments it cannot accept: every output NaN (grid-stride).
+__device__ __forceinline__ void fill_nan(float* y, uint64_t n) {
+    for (uint64_t i = global_thread(); i < n; i += global_threads()) y[i] = nan_f32();
+}

@@ -18,9 +18,6 @@
 
 __device__ __forceinline__ bool fused_whole_warps() { return (blockDim.x & 31) == 0; }
 
-__device__ void fused_fill_nan(float* y, uint64_t n) {
-    for (uint64_t i = global_thread(); i < n; i += global_threads()) y[i] = nan_f32();
-}
 
 // sum = a + b; y = rms_norm(sum) · w   (add, then rms_norm)
 extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* sum, const float* w,
@@ -28,8 +25,8 @@ extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* s
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!fused_whole_warps()) {
-        fused_fill_nan(sum, (uint64_t)n_rows * dim);
-        return fused_fill_nan(y, (uint64_t)n_rows * dim);
+        fill_nan(sum, (uint64_t)n_rows * dim);
+        return fill_nan(y, (uint64_t)n_rows * dim);
     }
     for (uint64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const uint64_t o = r * dim;
@@ -50,8 +47,8 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!fused_whole_warps()) {
-        fused_fill_nan(sum, (uint64_t)n_tokens * dim);
-        return fused_fill_nan(y, (uint64_t)n_tokens * dim);
+        fill_nan(sum, (uint64_t)n_tokens * dim);
+        return fill_nan(y, (uint64_t)n_tokens * dim);
     }
     for (uint64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const uint64_t o = t * dim;
@@ -92,7 +89,7 @@ extern "C" __global__ void qk_norm_rope_store(
                           attn_factor, beta_fast, beta_slow, n_ctx_orig};
     if (!fused_whole_warps() || blockDim.x > 32 * QKR_WARPS || head_dim > QKR_MAX_HEAD_DIM ||
         !rope_params_ok(p, head_dim))
-        return fused_fill_nan(q_out, (uint64_t)n_tokens * n_head * head_dim);
+        return fill_nan(q_out, (uint64_t)n_tokens * n_head * head_dim);
     const RopeConsts c = rope_consts(p);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t heads = n_head + 2 * n_kv_head;  // q heads, k heads, v heads
@@ -183,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!fused_whole_warps() || !mm_shape_ok(type, k) || type == T_F32 || type == T_F16 ||
         type == T_BF16)
-        return fused_fill_nan(y, slots * m);
+        return fill_nan(y, slots * m);
     const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);

@@ -31,10 +31,6 @@
 
 __device__ __forceinline__ bool whole_warps() { return (blockDim.x & 31) == 0; }
 
-__device__ void fill_nan(float* y, uint64_t n) {
-    for (uint64_t i = global_thread(); i < n; i += global_threads()) y[i] = nan_f32();
-}
-
 // ---- element-wise ------------------------------------------------------------------------
 
 // y = a + b
