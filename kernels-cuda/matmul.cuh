@@ -57,10 +57,14 @@ __device__ __forceinline__ uint64_t mm_row(const uint32_t* rows, int i) {
 
 // ---- activation quantisation (ggml's quantize_row_q8_0/q8_1/q8_K_ref) --------------------
 
-// Values [k0, k0 + len) of each tile row into shared memory at row i · len.
-// `S` is MmShared or matvec.cuh's smaller MvShared (the same fields, fewer values).
+// Values [k0, k0 + len) of each tile row into shared memory: the quants of row i at
+// i · qstride (len when 0), the scales (and Q8_1 sums) at i · len / 32.
+// `S` is MmShared, matvec.cuh's smaller MvShared or mma.cuh's MmaAct (the same fields as
+// arrays or pointers).
 template <int ACT, class S>
-__device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len) {
+__device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len,
+                              uint32_t qstride = 0) {
+    if (qstride == 0) qstride = len;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (ACT == ACT_Q8_K) {
         const uint32_t per_row = len / 256, blocks = per_row * u.tn;
@@ -91,7 +95,7 @@ __device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len)
                     at = at2;
                 }
             }
-            int8_t* q = sh.q + i * len + off;
+            int8_t* q = sh.q + i * qstride + off;
             if (amax == 0.0f) {
 #pragma unroll
                 for (int r = 0; r < 8; r++) q[lane + 32 * r] = 0;
@@ -115,7 +119,7 @@ __device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len)
             const float d = amax / 127.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             const int qi = (int)roundf(__fmul_rn(v, id));
-            sh.q[i * len + off + lane] = (int8_t)qi;
+            sh.q[i * qstride + off + lane] = (int8_t)qi;
             if (ACT == ACT_Q8_1) {
                 const int sum = warp_sum_i32(qi);
                 if (lane == 0) sh.s[(i * len + off) / 32] = round_to_f16(__fmul_rn((float)sum, d));
@@ -180,29 +184,39 @@ __device__ __forceinline__ void stage_rows(uint4* stage, const uint8_t* const* s
     __syncwarp();
 }
 
+// A sub-block's value from its integer sums: isum0/isum1 = Σ q·a over values 0..15 and
+// 16..31, b0/b1 = Σ a over the same halves, da the activation's scale, sa its Q8_1 sum.
+// Every product kernel (dp4a here and in matvec.cuh, mma.cuh's tensor cores) ends in this
+// function, with every rounding explicit (no contraction into FMAs that could differ
+// between call sites), so they agree bit for bit.
+template <class F>
+__device__ __forceinline__ float sub_value(const Sub& s, int isum0, int isum1, int b0, int b1,
+                                           float da, float sa) {
+    float r = __fmul_rn(__fmul_rn(s.d, da), (float)(s.sc[0] * isum0 + s.sc[1] * isum1));
+    if (F::MIN)
+        r = __fsub_rn(r, __fmul_rn(__fmul_rn(s.dmin, da), (float)(s.mn[0] * b0 + s.mn[1] * b1)));
+    if (F::OFFSET) r = __fadd_rn(r, __fmul_rn(s.m, sa));
+    return r;
+}
+
 // One decoded weight sub-block dotted with 32 staged activation values.
 template <class F, class S>
 __device__ __forceinline__ float dot_sub(const Sub& s, const S& sh, uint32_t at) {
     const int* a = (const int*)(sh.q + at);
-    int isum0 = 0, isum1 = 0;
+    int isum0 = 0, isum1 = 0, b0 = 0, b1 = 0;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         isum0 = __dp4a(s.q[i], a[i], isum0);
         isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
     }
-    const float da = sh.d[at / 32];
-    float r = __fmul_rn(s.d, da) * (float)(s.sc[0] * isum0 + s.sc[1] * isum1);
     if (F::MIN) {
-        int b0 = 0, b1 = 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             b0 = __dp4a(0x01010101, a[i], b0);
             b1 = __dp4a(0x01010101, a[4 + i], b1);
         }
-        r -= __fmul_rn(s.dmin, da) * (float)(s.mn[0] * b0 + s.mn[1] * b1);
     }
-    if (F::OFFSET) r += s.m * sh.s[at / 32];
-    return r;
+    return sub_value<F>(s, isum0, isum1, b0, b1, sh.d[at / 32], F::OFFSET ? sh.s[at / 32] : 0.0f);
 }
 
 template <class F>

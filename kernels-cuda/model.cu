@@ -25,6 +25,7 @@
 #include "matmul.cuh"
 #include "matvec.cuh"
 #include "slot_units.cuh"
+#include "mma.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
 #include "attention.cuh"
@@ -216,12 +217,6 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     }
 }
 
-// Above this many tokens mul_mat_experts groups (token, slot) pairs by expert
-// (crates/model/src/ops.rs sizes the grid to match; any grid is correct).
-#define MOE_GROUP_MIN_TOKENS 2
-// Experts a grouped launch can tell apart (a shared-memory bitmap); ids beyond are
-// treated like negative ones (NaN rows).
-#define MOE_MAX_EXPERTS 4096
 
 // y[t][j] = x' · W_eᵀ, e = ids[t][j], W_e at byte e · expert_bytes of w; x' = x[t] or, with
 // x_per_slot, x[t][j]. Up to MOE_GROUP_MIN_TOKENS tokens: one (token, slot) per unit.
@@ -259,81 +254,22 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         return;
     }
 
-    // Which experts are routed to, and whether any id is invalid.
-    for (uint32_t i = threadIdx.x; i < MOE_MAX_EXPERTS / 32; i += blockDim.x) present[i] = 0;
-    __syncthreads();
-    bool invalid = false;
-    for (uint64_t s = threadIdx.x; s < slots; s += blockDim.x) {
-        const int32_t e = ids[s];
-        if (e < 0 || e >= MOE_MAX_EXPERTS) invalid = true;
-        else atomicOr(&present[e >> 5], 1u << (e & 31));
-    }
-    const bool any_invalid = __syncthreads_or(invalid);
-    int distinct = 0;
-    for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) distinct += __popc(present[i]);
-    const uint64_t ranks = (uint64_t)distinct + (any_invalid ? 1 : 0);
+    const ExpertRanks ranks = expert_ranks(ids, slots, present);
     u.x = x;
     u.y = y;
     u.x_rows = tile_x;
     u.y_rows = tile_y;
-    for (uint64_t un = blockIdx.x; un < ranks * groups; un += gridDim.x) {
-        const int rank = (int)(un / groups);
+    for (uint64_t un = blockIdx.x; un < ranks.count * groups; un += gridDim.x) {
+        const int e = expert_of_rank(present, ranks, (int)(un / groups));
         const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        // The expert of this rank (the rank-th set bit), or -1 for the invalid ids.
-        int e = -1;
-        if (rank < distinct) {
-            int seen = 0;
-            for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) {
-                const int c = __popc(present[i]);
-                if (seen + c > rank) {
-                    uint32_t bits = present[i];
-                    for (int skip = rank - seen; skip > 0; skip--) bits &= bits - 1;
-                    e = i * 32 + __ffs(bits) - 1;
-                    break;
-                }
-                seen += c;
-            }
-        }
         u.w = w + (uint64_t)(e < 0 ? 0 : e) * expert_bytes;
         u.r0 = r0;
-        // Walk the slots in order, a tile of up to MM_TOKENS matching pairs at a time
-        // (warp 0 collects them 32 slots per step with a ballot, keeping slot order).
+        // The expert's pairs, a tile of up to MM_TOKENS at a time, in slot order.
         uint64_t s0 = 0;
         while (true) {
             __syncthreads();  // the previous tile is done with tile_x/tile_y
-            if (threadIdx.x < 32) {
-                const int lane = threadIdx.x;
-                int n = 0;
-                uint64_t s = s0;
-                while (s < slots && n < MM_TOKENS) {
-                    const uint64_t idx = s + lane;
-                    bool match = false;
-                    if (idx < slots) {
-                        const int32_t id = ids[idx];
-                        match = e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS);
-                    }
-                    const unsigned bal = __ballot_sync(FULL_MASK, match);
-                    const int found = __popc(bal), take = min(found, MM_TOKENS - n);
-                    const int pos = __popc(bal & ((1u << lane) - 1u));
-                    if (match && pos < take) {
-                        tile_x[n + pos] = (uint32_t)(x_per_slot ? idx : idx / n_used);
-                        tile_y[n + pos] = (uint32_t)idx;
-                    }
-                    n += take;
-                    if (take < found) {
-                        // The tile is full: the next walk starts at the first match left.
-                        unsigned rest = bal;
-                        for (int q = 0; q < take; q++) rest &= rest - 1u;
-                        s += (uint64_t)(__ffs(rest) - 1);
-                        break;
-                    }
-                    s += 32;
-                }
-                if (lane == 0) {
-                    tile_n = n;
-                    tile_next = s < slots ? s : slots;
-                }
-            }
+            collect_expert_pairs(ids, slots, e, n_used, x_per_slot, MM_TOKENS, s0, tile_x, tile_y,
+                                 &tile_n, &tile_next);
             __syncthreads();
             const int n = tile_n;
             s0 = tile_next;
@@ -367,6 +303,123 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     MmUnit u = one_row_unit(type, m, k);
     for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, mv_rows_per_unit(),
                        u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
+}
+
+// ---- mul_mat and mul_mat_experts on tensor cores (mma.cuh) -----------------------------------
+
+// The CUDA backend's variants of mul_mat and the grouped mul_mat_experts for launches of
+// many tokens: bit for bit the same results, for any n and launch shape. They need the
+// dynamic shared memory the backend sizes for (type, k) (mma_layout); without it, or for
+// a format or k without a tensor-core path, they write NaN.
+template <class F>
+__device__ void mma_dense_units(uint8_t* smem, const uint8_t* w, const float* x, float* y,
+                                uint32_t m, uint32_t k, uint32_t n, int tokens) {
+    const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
+    const MmaLayout l = mma_layout(row_bytes, k, tokens);
+    MmaAct act = mma_act(smem, l);
+    const uint32_t row_tiles = (m + MMA_ROWS - 1) / MMA_ROWS;
+    const uint64_t units = (uint64_t)row_tiles * ((n + tokens - 1) / tokens);
+    MmUnit u = {};
+    u.x_stride = k;
+    u.k = k;
+    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t r0 = (uint32_t)(un % row_tiles) * MMA_ROWS;
+        const uint64_t t0 = (un / row_tiles) * (uint64_t)tokens;
+        __syncthreads();  // the previous unit is done with the shared memory
+        mma_stage_weights(smem, w, row_bytes, r0, m, l);
+        u.x = x + t0 * k;
+        u.tn = (int)min((uint64_t)tokens, n - t0);
+        mma_quantise<F>(act, u, l);
+        __syncthreads();
+        mma_tile<F>(smem, w, row_bytes, act, l, tokens, u.tn, r0, m, y + t0 * m, m, nullptr);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mul_mat_mma(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                uint32_t k, uint32_t n) {
+    MMA_SMEM(smem);
+    const int tokens = mma_tokens_for(type, k, mma_smem_size());
+    if (!whole_warps() || tokens == 0) return fill_nan(y, (uint64_t)n * m);
+    switch (type) {
+#define MMA_DENSE(id, F) \
+    case id: mma_dense_units<F>(smem, w, x, y, m, k, n, tokens); break;
+        QUANT_FORMATS(MMA_DENSE)
+#undef MMA_DENSE
+        default: break;
+    }
+}
+
+// One unit per (routed expert, 64 rows): the rows staged once, the expert's pairs through
+// them in tiles of `tokens`, in slot order (invalid ids: NaN rows, as mul_mat_experts).
+template <class F>
+__device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const ExpertRanks& ranks,
+                                 const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                                 uint32_t m, uint32_t k, uint64_t slots, uint32_t n_used,
+                                 uint32_t x_per_slot, uint64_t expert_bytes, int tokens,
+                                 uint32_t* tile_x, uint32_t* tile_y, int* tile_n,
+                                 uint64_t* tile_next) {
+    const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
+    const MmaLayout l = mma_layout(row_bytes, k, tokens);
+    MmaAct act = mma_act(smem, l);
+    const uint32_t row_tiles = (m + MMA_ROWS - 1) / MMA_ROWS;
+    MmUnit u = {};
+    u.x = x;
+    u.x_stride = k;
+    u.k = k;
+    u.x_rows = tile_x;
+    for (uint64_t un = blockIdx.x; un < ranks.count * row_tiles; un += gridDim.x) {
+        const int e = expert_of_rank(present, ranks, (int)(un / row_tiles));
+        const uint32_t r0 = (uint32_t)(un % row_tiles) * MMA_ROWS;
+        const uint8_t* we = w + (uint64_t)(e < 0 ? 0 : e) * expert_bytes;
+        __syncthreads();  // the previous unit is done with the shared memory
+        if (e >= 0) mma_stage_weights(smem, we, row_bytes, r0, m, l);
+        uint64_t s0 = 0;
+        while (s0 < slots) {
+            __syncthreads();  // the previous tile is done with tile_x/tile_y and the quants
+            collect_expert_pairs(ids, slots, e, n_used, x_per_slot, tokens, s0, tile_x, tile_y,
+                                 tile_n, tile_next);
+            __syncthreads();
+            const int n = *tile_n;
+            s0 = *tile_next;
+            if (n == 0) break;
+            if (e < 0) {
+                for (int i = 0; i < n; i++)
+                    for (uint32_t r = r0 + threadIdx.x; r < min(r0 + MMA_ROWS, m); r += blockDim.x)
+                        y[(uint64_t)tile_y[i] * m + r] = nan_f32();
+                continue;
+            }
+            u.tn = n;
+            mma_quantise<F>(act, u, l);
+            __syncthreads();
+            mma_tile<F>(smem, we, row_bytes, act, l, tokens, n, r0, m, y, m, tile_y);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    mul_mat_experts_mma(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                        uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                        uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {
+    MMA_SMEM(smem);
+    __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
+    __shared__ uint32_t tile_x[32], tile_y[32];
+    __shared__ int tile_n;
+    __shared__ uint64_t tile_next;
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    const int tokens = mma_tokens_for(type, k, mma_smem_size());
+    if (!whole_warps() || tokens == 0) return fill_nan(y, slots * m);
+    const ExpertRanks ranks = expert_ranks(ids, slots, present);
+    switch (type) {
+#define MMA_EXPERTS(id, F)                                                                       \
+    case id:                                                                                     \
+        mma_expert_units<F>(smem, present, ranks, w, x, ids, y, m, k, slots, n_used, x_per_slot, \
+                            expert_bytes, tokens, tile_x, tile_y, &tile_n, &tile_next);          \
+        break;
+        QUANT_FORMATS(MMA_EXPERTS)
+#undef MMA_EXPERTS
+        default: break;
+    }
 }
 
 // ---- rope ----------------------------------------------------------------------------------

@@ -45,3 +45,96 @@ __device__ void for_each_slot_unit(const uint8_t* w, const float* x, const int32
         run(u, e);
     }
 }
+
+// ---- grouped units: the (token, slot) pairs of each routed expert --------------------------
+
+// Above this many tokens mul_mat_experts groups (token, slot) pairs by expert
+// (crates/model/src/ops.rs sizes the grid to match; any grid is correct).
+#define MOE_GROUP_MIN_TOKENS 2
+// Experts a grouped launch can tell apart (a shared-memory bitmap); ids beyond are
+// treated like negative ones (NaN rows).
+#define MOE_MAX_EXPERTS 4096
+
+struct ExpertRanks {
+    int distinct;    // experts routed to
+    uint64_t count;  // ranks: the experts, in id order, then one for invalid ids if any
+};
+
+// Marks in `present` the experts `ids` route to (every thread of the block calls it).
+__device__ __forceinline__ ExpertRanks expert_ranks(const int32_t* ids, uint64_t slots,
+                                                    uint32_t* present) {
+    for (uint32_t i = threadIdx.x; i < MOE_MAX_EXPERTS / 32; i += blockDim.x) present[i] = 0;
+    __syncthreads();
+    bool invalid = false;
+    for (uint64_t s = threadIdx.x; s < slots; s += blockDim.x) {
+        const int32_t e = ids[s];
+        if (e < 0 || e >= MOE_MAX_EXPERTS) invalid = true;
+        else atomicOr(&present[e >> 5], 1u << (e & 31));
+    }
+    const bool any_invalid = __syncthreads_or(invalid);
+    ExpertRanks r;
+    r.distinct = 0;
+    for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) r.distinct += __popc(present[i]);
+    r.count = (uint64_t)r.distinct + (any_invalid ? 1 : 0);
+    return r;
+}
+
+// The expert of `rank` (the rank-th set bit of `present`), or -1 for the invalid ids.
+__device__ __forceinline__ int expert_of_rank(const uint32_t* present, const ExpertRanks& r,
+                                              int rank) {
+    if (rank >= r.distinct) return -1;
+    int seen = 0;
+    for (int i = 0; i < MOE_MAX_EXPERTS / 32; i++) {
+        const int c = __popc(present[i]);
+        if (seen + c > rank) {
+            uint32_t bits = present[i];
+            for (int skip = rank - seen; skip > 0; skip--) bits &= bits - 1;
+            return i * 32 + __ffs(bits) - 1;
+        }
+        seen += c;
+    }
+    return -1;
+}
+
+// Warp 0 collects the next up to `cap` pairs routed to expert e (e < 0: the invalid ids)
+// from slot s0 on, in slot order, 32 slots per step with a ballot: tile_x[i] = the pair's
+// activation row, tile_y[i] = its slot; *tile_n = how many, *tile_next = where the next
+// walk starts (slots when done). The caller syncs the block before and after.
+__device__ __forceinline__ void collect_expert_pairs(const int32_t* ids, uint64_t slots, int e,
+                                                     uint32_t n_used, uint32_t x_per_slot,
+                                                     int cap, uint64_t s0, uint32_t* tile_x,
+                                                     uint32_t* tile_y, int* tile_n,
+                                                     uint64_t* tile_next) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    int n = 0;
+    uint64_t s = s0;
+    while (s < slots && n < cap) {
+        const uint64_t idx = s + lane;
+        bool match = false;
+        if (idx < slots) {
+            const int32_t id = ids[idx];
+            match = e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS);
+        }
+        const unsigned bal = __ballot_sync(FULL_MASK, match);
+        const int found = __popc(bal), take = min(found, cap - n);
+        const int pos = __popc(bal & ((1u << lane) - 1u));
+        if (match && pos < take) {
+            tile_x[n + pos] = (uint32_t)(x_per_slot ? idx : idx / n_used);
+            tile_y[n + pos] = (uint32_t)idx;
+        }
+        n += take;
+        if (take < found) {
+            // The tile is full: the next walk starts at the first match left.
+            unsigned rest = bal;
+            for (int q = 0; q < take; q++) rest &= rest - 1u;
+            s += (uint64_t)(__ffs(rest) - 1);
+            break;
+        }
+        s += 32;
+    }
+    if (lane == 0) {
+        *tile_n = n;
+        *tile_next = s < slots ? s : slots;
+    }
+}

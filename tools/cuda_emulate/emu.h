@@ -4,6 +4,7 @@
 // exchange through a per-warp buffer between two warp barriers.
 #pragma once
 #define STRATA_HOST_CHECK 1
+#define STRATA_EMULATOR 1
 #include <cstdint>
 #include <cmath>
 #include <cstdio>
@@ -120,6 +121,14 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 static inline int __float2int_rn(float a) { return (int)std::nearbyint(a); }
 template <class T> static inline T __ldg(const T* p) { return *p; }
+static inline unsigned int __brev(unsigned int x) {
+    unsigned int r = 0;
+    for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+// Dynamic shared memory (mma.cuh's MMA_SMEM): one buffer, its size set per launch by the test.
+alignas(16) static uint8_t emu_dynamic_smem[232448];
+static uint32_t emu_dynamic_smem_bytes = 0;
 using std::max;
 using std::min;
 

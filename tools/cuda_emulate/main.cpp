@@ -427,6 +427,63 @@ static void test_vec() {
 }
 
 
+// mma.cuh's tensor-core variants against the tiled kernels: bit for bit, for every token
+// tile the shared memory allows (32, 16, 8), row tails, a K of more than 32 sub-blocks.
+static bool same(const std::vector<float>& a, const std::vector<float>& b);
+static void test_mma() {
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        struct Shape { int m, k, n; };
+        for (auto [m, k, n] : std::vector<Shape>{{72, 1280, 40}, {16, 512, 9}}) {
+            auto w = random_weights(f, m, k);
+            std::vector<float> x((size_t)n * k);
+            for (auto& v : x) v = urand(2.0f);
+            x[3] = 0.0f;
+            std::fill(x.begin() + k, x.begin() + k + 256, 0.0f);  // an all-zero Q8_K block
+            size_t off = 2;  // weights off 16-byte alignment
+            std::vector<uint8_t> buf(off + w.size() + 32, 0xA5);
+            memcpy(buf.data() + off, w.data(), w.size());
+            std::vector<float> tiled((size_t)n * m, -1.0f);
+            launch(ops_grid((uint64_t)n * m), 256, [&] { mul_mat(buf.data() + off, x.data(), tiled.data(), f.id, m, k, n); });
+            uint64_t rb = (uint64_t)(k / f.qk) * f.bytes;
+            for (int tokens : {32, 16, 8}) {
+                emu_dynamic_smem_bytes = mma_layout(rb, k, tokens).bytes;
+                std::vector<float> out((size_t)n * m, -2.0f);
+                launch(3, 256, [&] { mul_mat_mma(buf.data() + off, x.data(), out.data(), f.id, m, k, n); });
+                char what[160];
+                snprintf(what, sizeof what, "mul_mat_mma %s %dx%d n=%d tile %d vs mul_mat (bit-exact)", f.name, m, k, n, tokens);
+                report(what, same(tiled, out) ? 0.0 : 1.0, 0);
+                if (tokens == 32) {  // 2-warp blocks take the 8 warp tasks in turn
+                    std::vector<float> small((size_t)n * m, -3.0f);
+                    launch(2, 64, [&] { mul_mat_mma(buf.data() + off, x.data(), small.data(), f.id, m, k, n); });
+                    report(std::string(what) + " block 64", same(tiled, small) ? 0.0 : 1.0, 0);
+                }
+            }
+        }
+        // Grouped experts: 40 tokens x 2 slots over 5 experts, one invalid id.
+        int m = 24, k = 512, n_tokens = 40, n_used = 2, n_exp = 5;
+        size_t rb = (size_t)(k / f.qk) * f.bytes, eb = rb * m + 32;
+        std::vector<uint8_t> w;
+        for (int e = 0; e < n_exp; e++) { auto we = random_weights(f, m, k); w.insert(w.end(), we.begin(), we.end()); w.insert(w.end(), 32, 0xEE); }
+        for (int per_slot = 0; per_slot < 2; per_slot++) {
+            std::vector<int32_t> ids(n_tokens * n_used);
+            for (auto& i : ids) i = rng() % n_exp;
+            ids[7] = -1;
+            int xr = per_slot ? n_tokens * n_used : n_tokens;
+            std::vector<float> x((size_t)xr * k);
+            for (auto& v : x) v = urand(2.0f);
+            std::vector<float> a((size_t)n_tokens * n_used * m, -1.0f), b(a.size(), -2.0f);
+            launch(7, 256, [&] { mul_mat_experts(w.data(), x.data(), ids.data(), a.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+            emu_dynamic_smem_bytes = mma_layout(rb, k, 32).bytes;
+            launch(4, 256, [&] { mul_mat_experts_mma(w.data(), x.data(), ids.data(), b.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+            char what[160];
+            snprintf(what, sizeof what, "mul_mat_experts_mma %s per_slot %d vs mul_mat_experts (bit-exact)", f.name, per_slot);
+            report(what, memcmp(a.data(), b.data(), a.size() * 4) == 0 ? 0.0 : 1.0, 0);
+        }
+    }
+}
+
 static bool same(const std::vector<float>& a, const std::vector<float>& b) { return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * 4) == 0; }
 static bool same16(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) { return a.size() == b.size() && memcmp(a.data(), b.data(), a.size() * 2) == 0; }
 
@@ -514,6 +571,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();
     if (only == "fused") test_fused();
+    if (only == "mma") test_mma();
     printf("%d failed\n", fails);
     return fails != 0;
 }

@@ -399,7 +399,7 @@ impl Backend for CudaBackend {
             site,
             reason,
         };
-        let entry = self
+        let (entry, variant_smem) = self
             .kernels
             .as_ref()
             .and_then(|t| t.for_launch(kernel, args))
@@ -436,7 +436,7 @@ impl Backend for CudaBackend {
                 bx,
                 by,
                 bz,
-                cfg.shared_bytes,
+                cfg.shared_bytes.max(variant_smem),
                 s,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

@@ -26,6 +26,9 @@ pub(crate) struct KernelEntry {
     /// e.g. attention on sm_90), else 1: the launch rounds its grid up to a multiple
     /// (every kernel takes its work in grid-stride loops, so extra blocks are idle).
     pub cluster_width: u32,
+    /// The most dynamic shared memory a launch may give it (bytes): raised to what the
+    /// device allows for variants (which may ask for it), else 0.
+    pub max_dynamic_smem: u32,
 }
 
 impl KernelEntry {
@@ -34,6 +37,15 @@ impl KernelEntry {
             func,
             params: param_sizes(func),
             cluster_width: cluster_width(func),
+            max_dynamic_smem: 0,
+        }
+    }
+
+    /// An entry allowed as much dynamic shared memory as the device gives one block.
+    fn with_large_smem(func: sys::CUfunction) -> Self {
+        Self {
+            max_dynamic_smem: raise_dynamic_smem(func),
+            ..Self::new(func)
         }
     }
 
@@ -52,7 +64,9 @@ impl KernelEntry {
 pub(crate) struct Variant {
     pub of: KernelId,
     pub func: &'static str,
-    pub applies: fn(&[KernelArg]) -> bool,
+    /// `Some(bytes of dynamic shared memory it needs)` when the variant runs this launch,
+    /// given the most the kernel may have (`limit`).
+    pub applies: fn(args: &[KernelArg], limit: u32) -> Option<u32>,
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -63,19 +77,80 @@ fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
     }
 }
 
-/// kernels-cuda/matvec.cuh: one-token products with fewer registers and no staging.
+/// Tokens from which products run on tensor cores (kernels-cuda/mma.cuh): below, the
+/// weights staged in shared memory would serve too few tokens to pay for staging them.
+const MMA_MIN_TOKENS: u32 = 16;
+/// Grouped expert products on tensor cores from this many tokens (a few tokens per
+/// routed expert, with 8 of 128 experts per token).
+const MMA_EXPERTS_MIN_TOKENS: u32 = 64;
+
+/// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
+/// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
+/// 16 or 8 that fits `limit`), or `None` for a format without a tensor-core path.
+fn mma_shared_bytes(ty: u32, k: u32, limit: u32) -> Option<u32> {
+    use strata_quant::QuantType;
+    // kernels-cuda/quant.cuh's QUANT_FORMATS.
+    const FORMATS: [QuantType; 18] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+        QuantType::IQ2_XXS,
+        QuantType::IQ2_XS,
+        QuantType::IQ2_S,
+        QuantType::IQ3_XXS,
+        QuantType::IQ3_S,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
+        QuantType::MXFP4,
+    ];
+    let t = QuantType::from_id(ty).filter(|t| FORMATS.contains(t))?;
+    let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
+    let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
+    [32u64, 16, 8].into_iter().find_map(|tokens| {
+        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8;
+        u32::try_from(bytes).ok().filter(|&b| b <= limit)
+    })
+}
+
+/// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
+/// staging) and of many (mma.cuh: tensor cores).
 pub(crate) const VARIANTS: &[Variant] = &[
     // mul_mat(w, x, y | type, m, k, n)
     Variant {
         of: KernelId::MulMat,
         func: "mul_mat_vec",
-        applies: |a| u32_arg(a, 6).is_some_and(|n| n <= 1),
+        applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
+    },
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_mma",
+        applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 5), u32_arg(a, 6)) {
+            (Some(ty), Some(k), Some(n)) if n >= MMA_MIN_TOKENS => mma_shared_bytes(ty, k, limit),
+            _ => None,
+        },
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_vec",
-        applies: |a| u32_arg(a, 7).is_some_and(|n| n <= 2),
+        applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
+    },
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_mma",
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 6), u32_arg(a, 7)) {
+            (Some(ty), Some(k), Some(n)) if n >= MMA_EXPERTS_MIN_TOKENS => {
+                mma_shared_bytes(ty, k, limit)
+            }
+            _ => None,
+        },
     },
 ];
 
@@ -183,6 +258,41 @@ fn cluster_width(f: sys::CUfunction) -> u32 {
     width
 }
 
+/// Raises `f`'s dynamic shared memory limit to the most the device allows one block
+/// (the opt-in sizes of sm_90, sm_80, sm_86/89, then the default), less its static
+/// shared memory; returns the limit set.
+fn raise_dynamic_smem(f: sys::CUfunction) -> u32 {
+    let mut fixed = 0i32;
+    // SAFETY: valid function; writes one integer.
+    let r = unsafe {
+        sys::cuFuncGetAttribute(
+            &mut fixed,
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            f,
+        )
+    };
+    let fixed = if r == sys::CUresult::CUDA_SUCCESS {
+        fixed.max(0)
+    } else {
+        0
+    };
+    for total in [232_448i32, 166_912, 101_376, 49_152] {
+        let bytes = total - fixed;
+        // SAFETY: valid function; sets one attribute (refused above the device's limit).
+        let r = unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return u32::try_from(bytes).unwrap_or(0);
+        }
+    }
+    0
+}
+
 /// Parameter sizes of `f`, or `None` when the driver cannot report them.
 fn param_sizes(f: sys::CUfunction) -> Option<Vec<usize>> {
     if !driver::has_symbol("cuFuncGetParamInfo") {
@@ -240,7 +350,7 @@ impl KernelTable {
         for v in VARIANTS {
             let module = loaded.iter().find(|(name, _)| *name == v.of.module());
             if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
-                table.variants.push((v, KernelEntry::new(f)));
+                table.variants.push((v, KernelEntry::with_large_smem(f)));
             }
         }
         for id in KernelId::ALL {
@@ -269,15 +379,16 @@ impl KernelTable {
         self.entries.get(id.index()).and_then(Option::as_ref)
     }
 
-    /// What a launch of `id` with `args` runs: a variant that applies, else the kernel.
-    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<&KernelEntry> {
+    /// What a launch of `id` with `args` runs: a variant that applies (with the dynamic
+    /// shared memory it needs), else the kernel (with none).
+    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<(&KernelEntry, u32)> {
         // Only a defined kernel has variants (`supports` answers for the kernel).
-        self.get(id)?;
+        let kernel = self.get(id)?;
         self.variants
             .iter()
-            .find(|(v, _)| v.of == id && (v.applies)(args))
-            .map(|(_, e)| e)
-            .or_else(|| self.get(id))
+            .filter(|(v, _)| v.of == id)
+            .find_map(|(v, e)| (v.applies)(args, e.max_dynamic_smem).map(|smem| (e, smem)))
+            .or(Some((kernel, 0)))
     }
 }
 
@@ -442,9 +553,20 @@ mod tests {
             ]
         };
         let v = VARIANTS.iter().find(|v| v.of == KernelId::MulMat).unwrap();
-        assert!((v.applies)(&mul_mat(1)));
-        assert!(!(v.applies)(&mul_mat(8)));
-        assert!(!(v.applies)(&mul_mat(1)[..6]));
+        assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
+        assert!((v.applies)(&mul_mat(8), 0).is_none());
+        assert!((v.applies)(&mul_mat(1)[..6], 0).is_none());
+        // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
+        let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
+        assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
+        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
+        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
+        assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
+        assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
+        assert!((mma.applies)(&mul_mat(16), 1000).is_none());
+        let mut f16 = mul_mat(64);
+        f16[3] = KernelArg::U32(1);
+        assert!((mma.applies)(&f16, 232_448).is_none());
     }
 
     #[test]

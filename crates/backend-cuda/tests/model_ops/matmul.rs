@@ -135,12 +135,28 @@ fn mul_mat(
 /// Activations with the corner cases of the quantisers in their first rows: a Q8_K block
 /// whose largest magnitude occurs twice with opposite signs (the first wins), and an
 /// all-zero block.
+/// No value lands exactly halfway between two Q8_0/Q8_1 quants: the CPU backend rounds
+/// such a tie as ggml's x86 quantiser does (to even), the CUDA kernels as ggml-cuda's
+/// (away from zero), and one such tie moves a product by a whole quant step.
 fn activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
     let mut x = rng.vec(n * k, 2.0);
     if n >= 2 && k >= 512 {
         x[5] = -2.5;
         x[9] = 2.5;
         x[k + 256..k + 512].fill(0.0);
+    }
+    for block in x.chunks_mut(32) {
+        let amax = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        if amax == 0.0 {
+            continue;
+        }
+        let id = 1.0 / (amax / 127.0);
+        for v in block.iter_mut() {
+            let p = *v * id;
+            if (p - p.trunc()).abs() == 0.5 {
+                *v = f32::from_bits(v.to_bits() + 1);
+            }
+        }
     }
     x
 }
@@ -160,6 +176,7 @@ fn mul_mat_matches_the_cpu_for_every_format() {
             (45, 512, 17),    // three token tiles, the last of one row
             (16, 20_480, 1),  // a row longer than the staged activations
             (16, 20_480, 11), // tiles of 8 and 3, chunked differently
+            (72, 1280, 40),   // many tokens: tensor cores (quantised formats), a row tail
         ];
         if is_float(ty) {
             shapes.push((7, 100, 3)); // rows that are no whole number of vectors
@@ -182,10 +199,16 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                 if w_off > 0 { " (offset)" } else { "" }
             );
             rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
-            if si == 5 {
+            if si == 5 || si == 6 {
                 // A row's result does not depend on the rows launched with it (tiles of 8
-                // and 3 here, chunked differently): each alone, bit-exact.
-                for t in [0usize, 7, 8, 10] {
+                // and 3 here, chunked differently; tensor-core tiles of 32 and 8): each
+                // alone, bit-exact.
+                let rows: &[usize] = if si == 5 {
+                    &[0, 7, 8, 10]
+                } else {
+                    &[0, 31, 32, 39]
+                };
+                for &t in rows {
                     let alone = mul_mat(
                         &p.gpu,
                         ty,
@@ -202,7 +225,7 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                     );
                 }
             }
-            if si == 3 {
+            if si == 3 || si == 6 {
                 // Any launch shape gives the same numbers: few blocks of 4 warps (each
                 // takes many units), more blocks than units, one block, 2-warp blocks.
                 for cfg in [
@@ -256,6 +279,7 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
             (40, 512, 3, 2, true),
             (24, 256, 9, 4, false),
             (17, 1024, 1, 8, true),
+            (72, 512, 70, 2, false), // many tokens: tensor cores (quantised formats)
         ] {
             let matrix = ty.row_bytes(k).unwrap() * m;
             let expert_bytes = matrix + 32; // experts need not be back to back
@@ -305,13 +329,38 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
                 let we = &w[e * expert_bytes..e * expert_bytes + matrix];
                 mag.extend(magnitudes(ty, we, m, k, &x[xr * k..(xr + 1) * k]));
             }
-            rep.close(
-                &format!("mul_mat_experts {ty:?} {m}x{k} tokens {n_tokens} used {n_used} per_slot {per_slot}"),
-                &gpu,
-                &cpu,
-                TOL,
-                |i| mag[i],
+            let what = format!(
+                "mul_mat_experts {ty:?} {m}x{k} tokens {n_tokens} used {n_used} per_slot {per_slot}"
             );
+            rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
+            if n_tokens >= 64 {
+                // Each token alone (the one-token kernel) gives its rows bit for bit.
+                let d = &p.gpu;
+                let bw = upload(d, &w);
+                for t in [0usize, 33, 69] {
+                    let (bx, bi) = (
+                        upload(d, &x[t * k..(t + 1) * k]),
+                        upload(d, &ids[t * n_used..(t + 1) * n_used]),
+                    );
+                    let by = d.alloc::<f32>(n_used * m).unwrap();
+                    let args = Args::new()
+                        .read(&bw)
+                        .read(&bx)
+                        .read(&bi)
+                        .write(&by)
+                        .u32(ty.id())
+                        .u32(m as u32)
+                        .u32(k as u32)
+                        .u32(1)
+                        .u32(n_used as u32)
+                        .u32(0)
+                        .u64(expert_bytes as u64);
+                    launch(d, KernelId::MulMatExperts, &ops_cfg(n_used * m), &args);
+                    let alone = download(d, &by);
+                    let slots = t * n_used * m..(t + 1) * n_used * m;
+                    rep.exact(&format!("{what} token {t} alone"), &alone, &gpu[slots]);
+                }
+            }
         }
     }
     rep.finish();

@@ -88,17 +88,17 @@ fn copy_bandwidth(dev: &strata_core::Device) -> anyhow::Result<f64> {
     Ok(2.0 * (len * 4 * reps) as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Per-kernel device time of the last repetition's decode steps (backends that profile:
-/// CUDA with STRATA_KERNEL_TIMING=1; graph replays are not broken down, so pair it with
-/// --no-graphs), on stderr.
-fn print_profile(times: &[strata_core::KernelTime], steps: usize) {
+/// Per-kernel device time of the last repetition's prefill or decode steps (backends
+/// that profile: CUDA with STRATA_KERNEL_TIMING=1; graph replays are not broken down, so
+/// pair it with --no-graphs), on stderr.
+fn print_profile(what: &str, times: &[strata_core::KernelTime], steps: usize) {
     if times.is_empty() {
         return;
     }
     let total: f64 = times.iter().map(|t| t.seconds).sum();
     let per_step = |s: f64| 1e6 * s / steps.max(1) as f64;
     eprintln!(
-        "decode profile: {:.1} us of kernel time per step ({steps} steps)",
+        "{what} profile: {:.1} us of kernel time per step ({steps} steps)",
         per_step(total)
     );
     eprintln!(
@@ -150,6 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let (mut pp_s, mut tg_s) = (0.0, 0.0);
     let mut decode_profile = Vec::new();
+    let mut prefill_profile = Vec::new();
     let mut spec_stats = SpecStats::default();
     for rep in 0..reps {
         let mut ctx = new_context()?;
@@ -159,9 +160,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let prompt: Vec<u32> = (0..args.n_prompt)
                 .map(|_| (rng.next_u64() % vocab as u64) as u32)
                 .collect();
+            loaded.dev.kernel_times()?; // a profile covers the prompt only
             let t = Instant::now();
             ctx.eval(&prompt)?;
             pp_s += t.elapsed().as_secs_f64();
+            prefill_profile = loaded.dev.kernel_times()?;
         }
         if args.n_gen > 0 {
             // Decode from `depth` tokens of context, not after the timed prompt.
@@ -220,7 +223,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("strata bench: {}", spec_stats.summary());
     }
     let info = loaded.dev.info();
-    print_profile(&decode_profile, args.n_gen);
+    print_profile("prefill", &prefill_profile, 1);
+    print_profile("decode", &decode_profile, args.n_gen);
     let weight_bytes = weight_bytes_per_token(&loaded.model);
     let bandwidth = if args.roofline {
         Some(copy_bandwidth(&loaded.dev)?)
