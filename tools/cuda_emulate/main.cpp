@@ -475,7 +475,7 @@ static void test_mma() {
             for (auto& v : x) v = urand(2.0f);
             std::vector<float> a((size_t)n_tokens * n_used * m, -1.0f), b(a.size(), -2.0f);
             launch(7, 256, [&] { mul_mat_experts(w.data(), x.data(), ids.data(), a.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
-            emu_dynamic_smem_bytes = mma_layout(rb, k, 32).bytes;
+            emu_dynamic_smem_bytes = mma_layout(rb, k, 32).bytes + 4 * n_tokens * n_used;
             launch(4, 256, [&] { mul_mat_experts_mma(w.data(), x.data(), ids.data(), b.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
             char what[160];
             snprintf(what, sizeof what, "mul_mat_experts_mma %s per_slot %d vs mul_mat_experts (bit-exact)", f.name, per_slot);

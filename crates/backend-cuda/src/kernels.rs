@@ -84,10 +84,14 @@ const MMA_MIN_TOKENS: u32 = 16;
 /// routed expert, with 8 of 128 experts per token).
 const MMA_EXPERTS_MIN_TOKENS: u32 = 64;
 
+/// Slots the grouped expert kernel lists at once (kernels-cuda/model.cu MMA_LIST_MAX).
+const MMA_LIST_MAX: u64 = 8192;
+
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
-/// 16 or 8 that fits `limit`), or `None` for a format without a tensor-core path.
-fn mma_shared_bytes(ty: u32, k: u32, limit: u32) -> Option<u32> {
+/// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
+/// a tensor-core path.
+fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
     use strata_quant::QuantType;
     // kernels-cuda/quant.cuh's QUANT_FORMATS.
     const FORMATS: [QuantType; 18] = [
@@ -114,7 +118,11 @@ fn mma_shared_bytes(ty: u32, k: u32, limit: u32) -> Option<u32> {
     let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
     let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
     [32u64, 16, 8].into_iter().find_map(|tokens| {
-        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8;
+        // Weight rows; activation rows, scales and sums; one lane sum's decoded sub-blocks
+        // of every row (36 bytes of quants and 20 of scales each).
+        let steps = (k / 32).div_ceil(32);
+        let bytes =
+            64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + steps * 64 * 56 + extra;
         u32::try_from(bytes).ok().filter(|&b| b <= limit)
     })
 }
@@ -132,7 +140,9 @@ pub(crate) const VARIANTS: &[Variant] = &[
         of: KernelId::MulMat,
         func: "mul_mat_mma",
         applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 5), u32_arg(a, 6)) {
-            (Some(ty), Some(k), Some(n)) if n >= MMA_MIN_TOKENS => mma_shared_bytes(ty, k, limit),
+            (Some(ty), Some(k), Some(n)) if n >= MMA_MIN_TOKENS => {
+                mma_shared_bytes(ty, k, 0, limit)
+            }
             _ => None,
         },
     },
@@ -145,9 +155,11 @@ pub(crate) const VARIANTS: &[Variant] = &[
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_mma",
-        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 6), u32_arg(a, 7)) {
-            (Some(ty), Some(k), Some(n)) if n >= MMA_EXPERTS_MIN_TOKENS => {
-                mma_shared_bytes(ty, k, limit)
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 6), u32_arg(a, 7), u32_arg(a, 8)) {
+            (Some(ty), Some(k), Some(n), Some(used)) if n >= MMA_EXPERTS_MIN_TOKENS => {
+                // Room for the listed slots, 4 bytes each.
+                let list = (u64::from(n) * u64::from(used)).min(MMA_LIST_MAX) * 4;
+                mma_shared_bytes(ty, k, list, limit)
             }
             _ => None,
         },
@@ -559,8 +571,9 @@ mod tests {
         // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
         let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
         assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
-        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
-        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
+        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad), 32 tokens of 256 (+ pad) + scales,
+        // the 64 rows' decoded sub-blocks of one lane sum.
+        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8 + 64 * 56;
         assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
         assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
         assert!((mma.applies)(&mul_mat(16), 1000).is_none());
