@@ -144,6 +144,7 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::Rope => model::rope(args),
         KernelId::KvStore => model::kv_store(args),
         KernelId::Attention => model::attention(args),
+        KernelId::AttentionRows => model::attention_rows(args),
         KernelId::RouterTopk => model::router_topk(args),
         KernelId::MulMatExperts => model::mul_mat_experts(args),
         KernelId::MoeCombine => model::moe_combine(args),
