@@ -158,7 +158,11 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::AddRmsNorm
         | KernelId::CombineAddRmsNorm
         | KernelId::QkNormRopeStore
-        | KernelId::ExpertsGateUp => Err(format!(
+        | KernelId::ExpertsGateUp
+        | KernelId::MulMatQkv
+        | KernelId::RouterMatvecTopk
+        | KernelId::MulMatAddRmsNorm
+        | KernelId::ExpertsDownNorm => Err(format!(
             "{} is not a CPU kernel (run its op sequence instead)",
             kernel.name()
         )),
