@@ -6,7 +6,8 @@
 // Launch shapes: correct for any grid and any block of whole warps (NaN outputs
 // otherwise); the best: add_rms_norm and combine_add_rms_norm one block per row (as
 // rms_norm; the same block size gives bit-identical norms), qk_norm_rope_store one warp per
-// (token, head), experts_gate_up as mul_mat_experts for one token (matvec.cuh).
+// (token, head), experts_gate_up as mul_mat_experts for one token (matvec.cuh), mul_mat_qkv
+// and router_matvec_topk as mul_mat for one token.
 
 #include "common.cuh"
 #include "quant.cuh"
@@ -15,9 +16,23 @@
 #include "slot_units.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
+#include "router.cuh"
 
 __device__ __forceinline__ bool fused_whole_warps() { return (blockDim.x & 31) == 0; }
 
+
+// One row of add_rms_norm (below): sum = a + b; y = rms_norm(sum) · w. `b` is read through
+// load(p) (a plain load, or one past L1 for a row other blocks of the same launch wrote).
+template <class Load>
+__device__ __forceinline__ void add_rms_norm_row(Load load, const float* a, const float* b,
+                                                 float* sum, const float* w, float* y,
+                                                 uint32_t dim, float eps, double* partial,
+                                                 float* row_scale) {
+    const auto value = [&](uint32_t i) { return __fadd_rn(a[i], load(b + i)); };
+    float v[ROW_VALS];
+    const float scale = row_rms_scale(value, v, dim, eps, partial, row_scale);
+    row_rms_apply(value, [&](uint32_t i, float x) { sum[i] = x; }, v, dim, scale, w, y);
+}
 
 // sum = a + b; y = rms_norm(sum) · w   (add, then rms_norm)
 extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* sum, const float* w,
@@ -30,12 +45,32 @@ extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* s
     }
     for (uint64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
         const uint64_t o = r * dim;
-        const auto value = [&](uint32_t i) { return __fadd_rn(a[o + i], b[o + i]); };
-        float v[ROW_VALS];
-        const float scale = row_rms_scale(value, v, dim, eps, partial, &row_scale);
-        float* s = sum + o;
-        row_rms_apply(value, [&](uint32_t i, float x) { s[i] = x; }, v, dim, scale, w, y + o);
+        add_rms_norm_row([](const float* p) { return *p; }, a + o, b + o, sum + o, w, y + o, dim,
+                         eps, partial, &row_scale);
     }
+}
+
+// One token's row of combine_add_rms_norm (below): sum = res + Σ_j weights[j] · ys[j];
+// y = rms_norm(sum) · w. `ys` is read through load(p) (a plain load, or one past L1 for
+// rows other blocks of the same launch wrote).
+template <class Load>
+__device__ __forceinline__ void combine_add_rms_norm_row(Load load, const float* yt,
+                                                         const float* wt, const float* res,
+                                                         float* sum, const float* w, float* y,
+                                                         uint32_t n_used, uint32_t dim, float eps,
+                                                         double* partial, float* row_scale) {
+    const auto value = [&](uint32_t i) {
+        float c = 0.0f;
+#pragma unroll 8
+        for (uint32_t j = 0; j < n_used; j++) {
+            const float p = __fmul_rn(wt[j], load(yt + (uint64_t)j * dim + i));
+            c = j == 0 ? p : __fadd_rn(c, p);
+        }
+        return __fadd_rn(res[i], c);
+    };
+    float v[ROW_VALS];
+    const float scale = row_rms_scale(value, v, dim, eps, partial, row_scale);
+    row_rms_apply(value, [&](uint32_t i, float x) { sum[i] = x; }, v, dim, scale, w, y);
 }
 
 // sum[t] = res[t] + Σ_j weights[t][j] · ys[t][j] (moe_combine's order: slot order, the first
@@ -52,21 +87,9 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
     }
     for (uint64_t t = blockIdx.x; t < n_tokens; t += gridDim.x) {
         const uint64_t o = t * dim;
-        const float* wt = weights + t * n_used;
-        const float* yt = ys + t * n_used * dim;
-        const auto value = [&](uint32_t i) {
-            float c = 0.0f;
-#pragma unroll 8
-            for (uint32_t j = 0; j < n_used; j++) {
-                const float p = __fmul_rn(wt[j], yt[(uint64_t)j * dim + i]);
-                c = j == 0 ? p : __fadd_rn(c, p);
-            }
-            return __fadd_rn(res[o + i], c);
-        };
-        float v[ROW_VALS];
-        const float scale = row_rms_scale(value, v, dim, eps, partial, &row_scale);
-        float* s = sum + o;
-        row_rms_apply(value, [&](uint32_t i, float x) { s[i] = x; }, v, dim, scale, w, y + o);
+        combine_add_rms_norm_row([](const float* p) { return *p; }, ys + t * n_used * dim,
+                                 weights + t * n_used, res + o, sum + o, w, y + o, n_used, dim,
+                                 eps, partial, &row_scale);
     }
 }
 
@@ -195,4 +218,186 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                                default: break;
                            }
                        });
+}
+
+// ---- one-token products and what follows them, in one launch ------------------------------
+
+// Whether this block is the last of the launch to get here. Called once by every thread of
+// every block, after the block's last write that the last block reads: each block takes a
+// ticket from *done (0 before the launch); the last one sets it back to 0 for the next
+// launch. Fences on both sides of the ticket make every block's writes visible to the last.
+__device__ __forceinline__ bool last_block(uint32_t* done) {
+    __shared__ uint32_t ticket;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ticket = atomicAdd(done, 1u);
+        if (ticket == gridDim.x - 1) *done = 0;
+    }
+    __syncthreads();
+    const bool last = ticket == gridDim.x - 1;
+    __threadfence();
+    return last;
+}
+
+// Reads past L1: rows other blocks of this launch wrote.
+__device__ __forceinline__ float load_cg(const float* p) { return __ldcg(p); }
+
+// The activation format a unit of `type` stages (3: none, float weights), so that a block
+// reuses staged quants only for units of the same activation row and format.
+__device__ __forceinline__ uint32_t mv_act_format(uint32_t type) {
+    switch (type) {
+#define MV_ACT(id, F) \
+    case id: return (uint32_t)F::ACT;
+        QUANT_FORMATS(MV_ACT)
+#undef MV_ACT
+        default: return 3;
+    }
+}
+
+// q = x · wqᵀ, k = x · wkᵀ, v = x · wvᵀ: the three projections of one activation in one
+// launch (a decode step's K and V alone are 64 blocks each; together with Q, 640). Units
+// are mul_mat_vec's (matvec.cuh), per token Q's row groups, then K's, then V's, so every
+// row is bit for bit what mul_mat computes.
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_qkv(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
+                float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
+                uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
+                uint32_t n) {
+    __shared__ MvShared sh;
+    if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
+        !mm_shape_ok(type_v, k)) {
+        fill_nan(yq, (uint64_t)n * m_q);
+        fill_nan(yk, (uint64_t)n * m_k);
+        return fill_nan(yv, (uint64_t)n * m_v);
+    }
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t gq = (m_q + rows - 1) / rows, gk = (m_k + rows - 1) / rows,
+                   gv = (m_v + rows - 1) / rows;
+    const uint64_t per_token = gq + gk + gv;
+    uint64_t staged = ~(uint64_t)0;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n * per_token; un += gridDim.x) {
+        const uint64_t t = un / per_token;
+        uint64_t g = un % per_token;
+        const int j = g < gq ? 0 : g < gq + gk ? 1 : 2;
+        g -= j == 0 ? 0 : j == 1 ? gq : gq + gk;
+        const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
+        const uint32_t m = j == 0 ? m_q : j == 1 ? m_k : m_v;
+        MmUnit u = one_row_unit(type, m, k);
+        u.w = j == 0 ? wq : j == 1 ? wk : wv;
+        u.x = x + t * k;
+        u.y = (j == 0 ? yq : j == 1 ? yk : yv) + t * m;
+        u.r0 = (uint32_t)g * rows;
+        u.act_key = t * 4 + mv_act_format(type);
+        mv_unit(sh, type, u, staged);
+    }
+}
+
+// logits = x · wᵀ, then router_topk(logits): the router's product and its top-k in one
+// launch. Every block computes its units of the product (mul_mat_vec's, so the logits are
+// bit for bit mul_mat's); the last block to finish (a ticket from `done`, which is 0
+// before the launch and which that block sets back to 0) then runs router_topk's rows,
+// one warp per token (router.cuh, so the picks and weights are router_topk's). Its blocks
+// are few (a float router: one warp each), so registers are not rationed as mul_mat_vec's
+// (4 blocks an SM spilled the top-k's state).
+extern "C" __global__ void __launch_bounds__(256, 2)
+    router_matvec_topk(const uint8_t* w, const float* x, float* logits, int32_t* ids,
+                       float* weights, uint32_t* done, uint32_t type, uint32_t n_expert,
+                       uint32_t k, uint32_t n_tokens, uint32_t top_k, uint32_t norm) {
+    __shared__ MvShared sh;
+    if (!fused_whole_warps() || !mm_shape_ok(type, k) || top_k > n_expert) {
+        fill_nan(logits, (uint64_t)n_tokens * n_expert);
+        for (uint64_t i = global_thread(); i < (uint64_t)n_tokens * top_k; i += global_threads()) {
+            ids[i] = -1;
+            weights[i] = nan_f32();
+        }
+        return;
+    }
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (n_expert + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = one_row_unit(type, n_expert, k);
+    u.w = w;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * groups; un += gridDim.x) {
+        const uint64_t t = un / groups;
+        u.x = x + t * k;
+        u.y = logits + t * n_expert;
+        u.r0 = (uint32_t)(un % groups) * rows;
+        u.act_key = t;
+        mv_unit(sh, type, u, staged);
+    }
+    if (!last_block(done)) return;
+    const uint32_t warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (uint64_t t = warp; t < n_tokens; t += nwarps) {
+        const float* r = logits + t * n_expert;
+        router_topk_row([r](uint32_t e) { return load_cg(r + e); }, ids + t * top_k,
+                        weights + t * top_k, n_expert, top_k, norm);
+    }
+}
+
+// y0 = x · wᵀ (mul_mat, matvec.cuh's units), then add_rms_norm(a, y0, sum, w, y): an
+// attention output projection, the residual add and the FFN norm in one launch. The last
+// block to finish (last_block: `done` is 0 before and after) adds and normalises each row;
+// bit for bit the sequence when the block is add_rms_norm's (ops.rs: one block per row).
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_add_rms_norm(const uint8_t* wo, const float* x, float* y0, const float* a,
+                         float* sum, const float* w, float* y, uint32_t* done, uint32_t type,
+                         uint32_t m, uint32_t k, uint32_t n, float eps) {
+    __shared__ MvShared sh;
+    __shared__ double partial[32];
+    __shared__ float row_scale;
+    if (!fused_whole_warps() || !mm_shape_ok(type, k)) {
+        fill_nan(y0, (uint64_t)n * m);
+        fill_nan(sum, (uint64_t)n * m);
+        return fill_nan(y, (uint64_t)n * m);
+    }
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = one_row_unit(type, m, k);
+    u.w = wo;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n * groups; un += gridDim.x) {
+        const uint64_t t = un / groups;
+        u.x = x + t * k;
+        u.y = y0 + t * m;
+        u.r0 = (uint32_t)(un % groups) * rows;
+        u.act_key = t;
+        mv_unit(sh, type, u, staged);
+    }
+    if (!last_block(done)) return;
+    for (uint64_t t = 0; t < n; t++) {
+        const uint64_t o = t * m;
+        add_rms_norm_row(load_cg, a + o, y0 + o, sum + o, w, y + o, m, eps, partial, &row_scale);
+    }
+}
+
+// ys[t][j] = x[t][j] · W_eᵀ, e = ids[t][j] (mul_mat_experts with x_per_slot, matvec.cuh's
+// units), then combine_add_rms_norm(ys, weights, res, sum, w, y): a MoE layer's down
+// projection, the weighted sum of its slots, the residual add and the next norm in one
+// launch. The last block to finish (last_block) sums and normalises each token's row; bit
+// for bit the sequence when the block is combine_add_rms_norm's (one block per row).
+extern "C" __global__ void __launch_bounds__(256, 4)
+    experts_down_norm(const uint8_t* wd, const float* x, const int32_t* ids, float* ys,
+                      const float* weights, const float* res, float* sum, const float* w,
+                      float* y, uint32_t* done, uint32_t type, uint32_t m, uint32_t k,
+                      uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes, float eps) {
+    __shared__ MvShared sh;
+    __shared__ double partial[32];
+    __shared__ float row_scale;
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    if (!fused_whole_warps() || !mm_shape_ok(type, k)) {
+        fill_nan(ys, slots * m);
+        fill_nan(sum, (uint64_t)n_tokens * m);
+        return fill_nan(y, (uint64_t)n_tokens * m);
+    }
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = one_row_unit(type, m, k);
+    for_each_slot_unit(wd, x, ids, ys, slots, n_used, 1, expert_bytes, mv_rows_per_unit(), u,
+                       [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
+    if (!last_block(done)) return;
+    for (uint64_t t = 0; t < n_tokens; t++) {
+        const uint64_t o = t * m;
+        combine_add_rms_norm_row(load_cg, ys + t * n_used * m, weights + t * n_used, res + o,
+                                 sum + o, w, y + o, n_used, m, eps, partial, &row_scale);
+    }
 }

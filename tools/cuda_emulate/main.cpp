@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused|products [FORMAT,FORMAT...]]
 #include "emu.h"
 #include "model.cu"
 #include "fused.cu"
@@ -559,6 +559,109 @@ static void test_fused() {
     }
 }
 
+// fused.cu's one-token products of one activation against the model.cu launches they
+// replace: bit for bit. mul_mat_qkv with matrices of different activation formats (a block
+// must not reuse one format's staged quants for another); router_matvec_topk launched
+// twice (its last block must leave the ticket at 0) and with more tokens than warps.
+static void test_fused_products() {
+    struct Qkv { int tq, tk, tv, k, n; } qkvs[] = {
+        {T_Q4_K, T_Q4_K, T_Q6_K, 512, 1}, {T_Q4_K, T_Q8_0, T_Q4_1, 512, 2}, {T_Q4_0, T_Q4_0, T_F32, 256, 1},
+        {T_IQ2_XS, T_IQ2_XS, T_Q4_K, 9216, 1}};
+    auto fmt = [](int id) { for (const Fmt& f : FORMATS) if (f.id == id) return f; return FORMATS[0]; };
+    for (auto c : qkvs) {
+        const int mq = 40, mk = 13, mv = 8;
+        auto wq = random_weights(fmt(c.tq), mq, c.k), wk = random_weights(fmt(c.tk), mk, c.k), wv = random_weights(fmt(c.tv), mv, c.k);
+        std::vector<float> x((size_t)c.n * c.k);
+        for (auto& v : x) v = urand(2.0f);
+        std::vector<float> q0((size_t)c.n * mq), k0((size_t)c.n * mk), v0((size_t)c.n * mv);
+        std::vector<float> q1(q0.size(), -1.0f), k1(k0.size(), -1.0f), v1(v0.size(), -1.0f);
+        launch(ops_grid(q0.size()), 256, [&] { mul_mat(wq.data(), x.data(), q0.data(), c.tq, mq, c.k, c.n); });
+        launch(ops_grid(k0.size()), 256, [&] { mul_mat(wk.data(), x.data(), k0.data(), c.tk, mk, c.k, c.n); });
+        launch(ops_grid(v0.size()), 256, [&] { mul_mat(wv.data(), x.data(), v0.data(), c.tv, mv, c.k, c.n); });
+        for (unsigned grid : {3u, 40u}) {
+            launch(grid, 128, [&] { mul_mat_qkv(wq.data(), wk.data(), wv.data(), x.data(), q1.data(), k1.data(), v1.data(), c.tq, c.tk, c.tv, mq, mk, mv, c.k, c.n); });
+            char what[160];
+            snprintf(what, sizeof what, "mul_mat_qkv %s/%s/%s k=%d n=%d grid %u vs 3x mul_mat (bit-exact)", fmt(c.tq).name, fmt(c.tk).name, fmt(c.tv).name, c.k, c.n, grid);
+            report(what, same(q0, q1) && same(k0, k1) && same(v0, v1) ? 0 : 1, 0);
+        }
+    }
+    struct Router { int type, ne, k, nt, top, norm; unsigned grid, block; } routers[] = {
+        {T_F32, 128, 512, 1, 8, 1, 64, 32}, {T_F32, 60, 256, 3, 4, 0, 5, 32}, {T_Q8_0, 128, 512, 1, 8, 1, 16, 128},
+        {T_F32, 300, 256, 2, 40, 1, 7, 64}, {T_Q4_K, 64, 512, 5, 6, 1, 9, 64}};
+    for (auto c : routers) {
+        auto w = random_weights(fmt(c.type), c.ne, c.k);
+        std::vector<float> x((size_t)c.nt * c.k);
+        for (auto& v : x) v = urand(2.0f);
+        std::vector<float> l0((size_t)c.nt * c.ne), w0((size_t)c.nt * c.top), l1(l0.size(), -1.0f), w1(w0.size(), -1.0f);
+        std::vector<int32_t> i0((size_t)c.nt * c.top), i1(i0.size(), -7);
+        launch(ops_grid(l0.size()), 256, [&] { mul_mat(w.data(), x.data(), l0.data(), c.type, c.ne, c.k, c.nt); });
+        launch(ops_grid(c.nt), 256, [&] { router_topk(l0.data(), i0.data(), w0.data(), c.nt, c.ne, c.top, c.norm); });
+        uint32_t done = 0;
+        bool ok = true;
+        for (int rep = 0; rep < 2; rep++) {
+            std::fill(w1.begin(), w1.end(), -1.0f);
+            std::fill(i1.begin(), i1.end(), -7);
+            launch(c.grid, c.block, [&] { router_matvec_topk(w.data(), x.data(), l1.data(), i1.data(), w1.data(), &done, c.type, c.ne, c.k, c.nt, c.top, c.norm); });
+            ok = ok && same(l0, l1) && same(w0, w1) && i0 == i1 && done == 0;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "router_matvec_topk %s %d experts top %d n=%d grid %ux%u vs mul_mat + router_topk (bit-exact)", fmt(c.type).name, c.ne, c.top, c.nt, c.grid, c.block);
+        report(what, ok ? 0 : 1, 0);
+    }
+}
+
+// fused.cu's products that end in a norm (the last block adds and normalises) against the
+// launches they replace: bit for bit with add_rms_norm's / combine_add_rms_norm's block
+// (one block per row of block_per_row's threads: 64 for 512 values, 256 for 2048).
+static void test_fused_norms() {
+    auto fmt = [](int id) { for (const Fmt& f : FORMATS) if (f.id == id) return f; return FORMATS[0]; };
+    struct O { int type, m, k, n; unsigned block; } outs[] = {{T_Q4_K, 512, 512, 1, 64}, {T_Q8_0, 2048, 256, 2, 256}, {T_F16, 512, 256, 1, 64}};
+    for (auto c : outs) {
+        auto w = random_weights(fmt(c.type), c.m, c.k);
+        std::vector<float> x((size_t)c.n * c.k), a((size_t)c.n * c.m), nw(c.m);
+        for (auto& v : x) v = urand(2.0f); for (auto& v : a) v = urand(3.0f); for (auto& v : nw) v = urand(1.5f);
+        std::vector<float> y0(a.size()), s0(a.size()), o0(a.size()), y1(a.size(), -1), s1(a.size(), -1), o1(a.size(), -1);
+        launch(ops_grid(y0.size()), 256, [&] { mul_mat(w.data(), x.data(), y0.data(), c.type, c.m, c.k, c.n); });
+        launch(c.n, c.block, [&] { add_rms_norm(a.data(), y0.data(), s0.data(), nw.data(), o0.data(), c.n, c.m, 1e-6f); });
+        uint32_t done = 0;
+        bool ok = true;
+        for (int rep = 0; rep < 2; rep++) {
+            unsigned grid = (unsigned)((c.m + 2 * c.block / 32 - 1) / (2 * c.block / 32) * c.n);
+            launch(grid, c.block, [&] { mul_mat_add_rms_norm(w.data(), x.data(), y1.data(), a.data(), s1.data(), nw.data(), o1.data(), &done, c.type, c.m, c.k, c.n, 1e-6f); });
+            ok = ok && same(y0, y1) && same(s0, s1) && same(o0, o1) && done == 0;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "mul_mat_add_rms_norm %s %dx%d n=%d block %u vs mul_mat + add_rms_norm (bit-exact)", fmt(c.type).name, c.m, c.k, c.n, c.block);
+        report(what, ok ? 0 : 1, 0);
+    }
+    struct D { int type, m, k, nt, nu; unsigned block; } downs[] = {{T_Q4_K, 512, 256, 1, 4, 64}, {T_Q6_K, 2048, 256, 1, 3, 256}, {T_Q4_0, 512, 64, 2, 3, 64}};
+    for (auto c : downs) {
+        const int n_exp = 5;
+        const Fmt f = fmt(c.type);
+        size_t eb = (size_t)(c.k / f.qk) * f.bytes * c.m + 32;
+        std::vector<uint8_t> w;
+        for (int e = 0; e < n_exp; e++) { auto we = random_weights(f, c.m, c.k); w.insert(w.end(), we.begin(), we.end()); w.insert(w.end(), 32, 0xEE); }
+        const int slots = c.nt * c.nu;
+        std::vector<int32_t> ids(slots);
+        for (auto& i : ids) i = rng() % n_exp;
+        std::vector<float> x((size_t)slots * c.k), wts(slots), res((size_t)c.nt * c.m), nw(c.m);
+        for (auto& v : x) v = urand(2.0f); for (auto& v : wts) v = urand(1.0f); for (auto& v : res) v = urand(3.0f); for (auto& v : nw) v = urand(1.5f);
+        std::vector<float> ys0((size_t)slots * c.m), s0(res.size()), o0(res.size()), ys1(ys0.size(), -1), s1(res.size(), -1), o1(res.size(), -1);
+        launch(ops_grid(ys0.size()), 256, [&] { mul_mat_experts(w.data(), x.data(), ids.data(), ys0.data(), c.type, c.m, c.k, c.nt, c.nu, 1, eb); });
+        launch(c.nt, c.block, [&] { combine_add_rms_norm(ys0.data(), wts.data(), res.data(), s0.data(), nw.data(), o0.data(), c.nt, c.nu, c.m, 1e-6f); });
+        uint32_t done = 0;
+        bool ok = true;
+        for (int rep = 0; rep < 2; rep++) {
+            unsigned grid = rep == 0 ? 7 : (unsigned)((c.m + 2 * c.block / 32 - 1) / (2 * c.block / 32) * slots);
+            launch(grid, c.block, [&] { experts_down_norm(w.data(), x.data(), ids.data(), ys1.data(), wts.data(), res.data(), s1.data(), nw.data(), o1.data(), &done, c.type, c.m, c.k, c.nt, c.nu, eb, 1e-6f); });
+            ok = ok && same(ys0, ys1) && same(s0, s1) && same(o0, o1) && done == 0;
+        }
+        char what[160];
+        snprintf(what, sizeof what, "experts_down_norm %s %dx%d tokens %d slots %d block %u vs mul_mat_experts + combine_add_rms_norm (bit-exact)", f.name, c.m, c.k, c.nt, c.nu, c.block);
+        report(what, ok ? 0 : 1, 0);
+    }
+}
+
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (argc > 2) fmt_only = std::string(",") + argv[2] + ",";
@@ -571,6 +674,8 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();
     if (only == "fused") test_fused();
+    if (only == "fused" || only == "products") test_fused_products();
+    if (only == "fused" || only == "products") test_fused_norms();
     if (only == "mma") test_mma();
     printf("%d failed\n", fails);
     return fails != 0;

@@ -8,6 +8,8 @@
 
 #[path = "model_ops/attention.rs"]
 mod attention;
+#[path = "model_ops/attention_rows.rs"]
+mod attention_rows;
 #[path = "model_ops/fuzz.rs"]
 mod fuzz;
 #[path = "model_ops/golden.rs"]

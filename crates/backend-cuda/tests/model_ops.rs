@@ -9,6 +9,8 @@
 
 #[path = "model_ops/attention.rs"]
 mod attention;
+#[path = "model_ops/decode_fused.rs"]
+mod decode_fused;
 #[path = "model_ops/fused.rs"]
 mod fused;
 #[path = "model_ops/matmul.rs"]

@@ -8,8 +8,19 @@ use strata_engine::Context;
 use strata_gguf::GgufFile;
 use strata_model::Model;
 
-/// This process's user + system CPU time in seconds (/proc/self/stat, clock ticks).
+/// This process's CPU time in seconds: the run time of every thread (/proc/self/task/*/
+/// schedstat, nanoseconds), falling back to user + system ticks (/proc/self/stat, 10 ms).
 fn cpu_s() -> f64 {
+    let tasks = std::fs::read_dir("/proc/self/task").into_iter().flatten();
+    let ns: Option<u64> = tasks
+        .map(|t| {
+            let stat = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    if let Some(ns) = ns {
+        return ns as f64 * 1e-9;
+    }
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
     let fields: Vec<&str> = stat
         .rsplit(')')

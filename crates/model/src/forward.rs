@@ -10,6 +10,7 @@ use crate::kv::KvFormat;
 use crate::model::{Attention, Ffn, Model};
 use crate::moe::{MoeIo, RoutedExperts};
 use crate::ops::{Ops, QkvShape};
+use crate::weights::Vector;
 
 /// Activations for up to `n_max` tokens at once.
 pub struct Scratch {
@@ -35,6 +36,10 @@ pub struct Scratch {
     moe_y: DeviceBuffer<f32>,
     shared: DeviceBuffer<f32>,
     gate_logit: DeviceBuffer<f32>,
+    /// The block counters of router_matvec_topk and of the products that end in a norm
+    /// (0 between launches; one launch at a time on the forward pass's stream).
+    router_done: DeviceBuffer<u32>,
+    norm_done: DeviceBuffer<u32>,
     /// Logits of up to `logit_rows` rows (1 unless every row's logits are wanted: a
     /// vocabulary-wide row per batch token would dwarf a small model).
     pub logits: DeviceBuffer<f32>,
@@ -79,6 +84,8 @@ impl Scratch {
             moe_y: f(n * used * e)?,
             shared: f(n * e)?,
             gate_logit: f(n)?,
+            router_done: dev.alloc_from(&[0u32], dev.main_stream())?,
+            norm_done: dev.alloc_from(&[0u32], dev.main_stream())?,
             logits: f(logit_rows.clamp(1, n as u32) as usize * h.n_vocab as usize)?,
             logit_rows: logit_rows.clamp(1, n as u32),
         })
@@ -223,23 +230,39 @@ impl Model {
         for (il, layer) in self.layers.iter().enumerate() {
             // x -> x2 (attention residual) -> x (FFN residual)
             let per_row = rows == LogitRows::AllAsDecode;
-            self.attention(&ops, s, &layer.attn, kv, il, n, per_row, fused)?;
-            if fused {
+            // Decode on a device that has the merged launches: the output projection adds
+            // the residual and normalises (x2, xn), as does the down projection (x, xn).
+            let merged = fused && n == 1 && ops.has_products_with_norm();
+            let ffn_norm = merged.then_some(&layer.ffn_norm);
+            let normed =
+                self.attention(&ops, s, &layer.attn, kv, il, n, per_row, fused, ffn_norm)?;
+            if fused && !normed {
                 ops.add_rms_norm(&s.x, &s.tmp, &s.x2, &layer.ffn_norm, &s.xn, n, h.rms_eps)?;
-            } else {
+            } else if !fused {
                 ops.add(&s.x, &s.tmp, &s.x2, n * h.n_embd)?;
                 ops.rms_norm(&s.x2, 0, &layer.ffn_norm, &s.xn, 0, n, h.rms_eps)?;
-            }
-            let out = self.ffn(&ops, s, &layer.ffn, il, n, experts.as_deref_mut(), fused)?;
-            if !fused {
-                ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
-                continue;
             }
             let next_norm = self
                 .layers
                 .get(il + 1)
                 .map_or(&self.output_norm, |l| &l.attn.norm);
+            let down_norm = merged.then_some(next_norm);
+            let out = self.ffn(
+                &ops,
+                s,
+                &layer.ffn,
+                il,
+                n,
+                experts.as_deref_mut(),
+                fused,
+                down_norm,
+            )?;
+            if !fused {
+                ops.add(&s.x2, &s.tmp, &s.x, n * h.n_embd)?;
+                continue;
+            }
             match out {
+                FfnOut::Normed => {}
                 FfnOut::Tmp => {
                     ops.add_rms_norm(&s.x2, &s.tmp, &s.x, next_norm, &s.xn, n, h.rms_eps)?
                 }
@@ -286,14 +309,22 @@ impl Model {
         n: u32,
         per_row: bool,
         fused: bool,
-    ) -> Result<()> {
+        ffn_norm: Option<&Vector>,
+    ) -> Result<bool> {
         let h = &self.hp;
         if !fused {
             ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
         }
-        ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
-        ops.mul_mat(&a.wk, &s.xn, 0, &s.k, n)?;
-        ops.mul_mat(&a.wv, &s.xn, 0, &s.v, n)?;
+        // Decode: the three projections of one activation in one launch where the device
+        // has it (the same rows bit for bit).
+        let same_k = a.wq.k == a.wk.k && a.wq.k == a.wv.k;
+        if fused && n == 1 && same_k && ops.has_mul_mat_qkv() {
+            ops.mul_mat_qkv((&a.wq, &a.wk, &a.wv), &s.xn, (&s.q, &s.k, &s.v), n)?;
+        } else {
+            ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;
+            ops.mul_mat(&a.wk, &s.xn, 0, &s.k, n)?;
+            ops.mul_mat(&a.wv, &s.xn, 0, &s.v, n)?;
+        }
         for (buf, bias) in [(&s.q, &a.bq), (&s.k, &a.bk), (&s.v, &a.bv)] {
             if let Some(b) = bias {
                 ops.add_rows(buf, b, n)?;
@@ -323,7 +354,7 @@ impl Model {
             }
             _ => self.qk_norm_rope_store_ops(ops, s, a, kv, il, n)?,
         };
-        self.attend(ops, s, a, kv, il, n, per_row, q)
+        self.attend(ops, s, a, kv, il, n, per_row, q, ffn_norm)
     }
 
     /// Q/K norms, rope and the K/V append as separate ops; the query buffer they leave.
@@ -357,7 +388,8 @@ impl Model {
     }
 
     /// Attention of the rotated queries `q` over the cache, and the output projection
-    /// into `s.tmp`.
+    /// into `s.tmp`; with `ffn_norm` (decode), where it fits, also the residual add into
+    /// `s.x2` and the FFN norm into `s.xn` in the same launch: then true.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -369,20 +401,28 @@ impl Model {
         n: u32,
         per_row: bool,
         q: &DeviceBuffer<f32>,
-    ) -> Result<()> {
+        ffn_norm: Option<&Vector>,
+    ) -> Result<bool> {
         let h = &self.hp;
         let heads = (h.n_head, h.n_head_kv, h.head_dim);
         kv.attend(ops, il, q, &s.pos, &s.att, n, heads, h.attn_scale, per_row)?;
+        if let Some(norm) = ffn_norm.filter(|w| a.bo.is_none() && w.len == a.wo.m) {
+            let (x2, xn, done) = (&s.x2, &s.xn, &s.norm_done);
+            let norm = (norm, h.rms_eps);
+            ops.mul_mat_add_rms_norm(&a.wo, &s.att, &s.tmp, &s.x, x2, norm, xn, done, n)?;
+            return Ok(true);
+        }
         ops.mul_mat(&a.wo, &s.att, 0, &s.tmp, n)?;
         if let Some(b) = &a.bo {
             ops.add_rows(&s.tmp, b, n)?;
         }
-        Ok(())
+        Ok(false)
     }
 
     /// FFN of the normalised `s.xn` into `s.tmp`, or (`fused`, routed experts on the
     /// device, no shared expert) left as the experts' rows in `s.moe_y` with their weights
-    /// in `s.expert_w` for combine_add_rms_norm to sum.
+    /// in `s.expert_w` for combine_add_rms_norm to sum, or with `next_norm` (decode) summed
+    /// with the residual into `s.x` and normalised into `s.xn` by the down projection.
     #[allow(clippy::too_many_arguments)]
     fn ffn<'e>(
         &self,
@@ -393,6 +433,7 @@ impl Model {
         n: u32,
         experts: Option<&mut (dyn RoutedExperts + 'e)>,
         fused: bool,
+        next_norm: Option<&Vector>,
     ) -> Result<FfnOut> {
         let h = &self.hp;
         match ffn {
@@ -413,16 +454,31 @@ impl Model {
                     ModelError::BadHParams("MoE weights without MoE hyper-parameters".into())
                 })?;
                 let k = moe.n_expert_used;
-                ops.mul_mat(router, &s.xn, 0, &s.router, n)?;
-                ops.router_topk(
-                    &s.router,
-                    &s.expert_ids,
-                    &s.expert_w,
-                    n,
-                    moe.n_expert,
-                    k,
-                    moe.norm_topk,
-                )?;
+                if fused && n == 1 && router.m == moe.n_expert && ops.has_router_matvec_topk() {
+                    // Decode: the router's product and its top-k in one launch.
+                    ops.router_matvec_topk(
+                        router,
+                        &s.xn,
+                        &s.router,
+                        &s.expert_ids,
+                        &s.expert_w,
+                        &s.router_done,
+                        n,
+                        k,
+                        moe.norm_topk,
+                    )?;
+                } else {
+                    ops.mul_mat(router, &s.xn, 0, &s.router, n)?;
+                    ops.router_topk(
+                        &s.router,
+                        &s.expert_ids,
+                        &s.expert_w,
+                        n,
+                        moe.n_expert,
+                        k,
+                        moe.norm_topk,
+                    )?;
+                }
                 match (experts, &gate.buf, &up.buf, &down.buf) {
                     (Some(runner), _, _, _) => {
                         let io = MoeIo {
@@ -463,7 +519,19 @@ impl Model {
                             ops.mul_mat_experts(up, wu, &s.xn, ids, &s.fb, n, k, false)?;
                             ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
                         }
-                        ops.mul_mat_experts(down, wd, &s.fc, &s.expert_ids, y, n, k, true)?;
+                        let ids = &s.expert_ids;
+                        let merged = next_norm.filter(|w| shared.is_none() && w.len == down.m);
+                        if let Some(norm) = merged {
+                            let (w, res, sum, xn) = (&s.expert_w, &s.x2, &s.x, &s.xn);
+                            let norm = (norm, h.rms_eps);
+                            let done = &s.norm_done;
+                            let down = (down, wd);
+                            ops.experts_down_norm(
+                                down, &s.fc, ids, y, w, res, sum, norm, xn, done, n, k,
+                            )?;
+                            return Ok(FfnOut::Normed);
+                        }
+                        ops.mul_mat_experts(down, wd, &s.fc, ids, y, n, k, true)?;
                         if fused && shared.is_none() {
                             return Ok(FfnOut::Slots { n_used: k });
                         }
@@ -491,4 +559,6 @@ enum FfnOut {
     Tmp,
     /// As `n_used` expert rows per token in `s.moe_y`, weighted by `s.expert_w`.
     Slots { n_used: u32 },
+    /// Added to the residual (`s.x`) and normalised for what comes next (`s.xn`).
+    Normed,
 }

@@ -11,6 +11,7 @@ pub mod model;
 pub mod models;
 pub mod moe;
 pub mod ops;
+mod ops_decode;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

@@ -277,9 +277,11 @@ impl Ops<'_> {
         )
     }
 
-    /// [`Ops::attention`] as `n_tokens` one-token launches (row t reads q, pos and writes
-    /// out from its own offset), so every row is computed in the one-token summation order
-    /// of decode on every backend (speculative decoding's verify windows).
+    /// [`Ops::attention`] with every row computed in the one-token summation order of
+    /// decode (speculative decoding's verify windows): one `attention_rows` launch where
+    /// the device has it (the CPU backend: the window's rows share each K/V row read),
+    /// otherwise `n_tokens` one-token launches (row t reads q, pos and writes out from its
+    /// own offset).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_per_row(
         &self,
@@ -295,6 +297,22 @@ impl Ops<'_> {
         n_ctx: u32,
         scale: f32,
     ) -> Result<()> {
+        if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
+            let args = Args::new()
+                .read(q)
+                .read(pos)
+                .read(k_cache)
+                .read(v_cache)
+                .write(out)
+                .u32(n_tokens)
+                .u32(n_head)
+                .u32(n_kv_head)
+                .u32(head_dim)
+                .u32(n_ctx)
+                .f32(scale);
+            let cfg = blocks((n_tokens * n_head) as usize);
+            return self.launch_cfg(KernelId::AttentionRows, cfg, args);
+        }
         let row = (n_head * head_dim) as usize;
         for t in 0..n_tokens as usize {
             let args = Args::new()

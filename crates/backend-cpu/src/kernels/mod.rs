@@ -144,6 +144,7 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::Rope => model::rope(args),
         KernelId::KvStore => model::kv_store(args),
         KernelId::Attention => model::attention(args),
+        KernelId::AttentionRows => model::attention_rows(args),
         KernelId::RouterTopk => model::router_topk(args),
         KernelId::MulMatExperts => model::mul_mat_experts(args),
         KernelId::MoeCombine => model::moe_combine(args),
@@ -157,7 +158,11 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::AddRmsNorm
         | KernelId::CombineAddRmsNorm
         | KernelId::QkNormRopeStore
-        | KernelId::ExpertsGateUp => Err(format!(
+        | KernelId::ExpertsGateUp
+        | KernelId::MulMatQkv
+        | KernelId::RouterMatvecTopk
+        | KernelId::MulMatAddRmsNorm
+        | KernelId::ExpertsDownNorm => Err(format!(
             "{} is not a CPU kernel (run its op sequence instead)",
             kernel.name()
         )),

@@ -8,7 +8,7 @@
 //! - `matmul`: mul_mat and mul_mat_experts over strata-quant's dot products (`tiles`:
 //!   several of them at once, bit for bit);
 //! - `attention`: kv_store and causal GQA attention over the f16 cache (`simd`: its
-//!   inner loops);
+//!   inner loops), and attention_rows, a verify window's rows in decode's order;
 //! - `kv_q8`: kv_store_q8 and attention_q8, the int8 (q8_0-block) K/V cache;
 //! - `moe`: router_topk and moe_combine.
 
@@ -27,7 +27,7 @@ mod rope;
 mod simd;
 mod tiles;
 
-pub use attention::{attention, kv_store};
+pub use attention::{attention, attention_rows, kv_store};
 pub use elementwise::{add, add_rows, sigmoid_gate_add, swiglu};
 pub use embed::embed_rows;
 pub use kv_q8::{attention_q8, kv_store_q8};

@@ -35,7 +35,9 @@ fn signature(k: KernelId) -> Vec<Arg> {
             v
         }
         KernelId::KvStore => vec![r(4), r(4), r(4), w(2), w(2), U32, U32, U32],
-        KernelId::Attention => vec![r(4), r(4), r(2), r(2), w(4), U32, U32, U32, U32, U32, F32],
+        KernelId::Attention | KernelId::AttentionRows => {
+            vec![r(4), r(4), r(2), r(2), w(4), U32, U32, U32, U32, U32, F32]
+        }
         KernelId::RouterTopk => vec![r(4), w(4), w(4), U32, U32, U32, U32],
         KernelId::MulMatExperts => vec![r(1), r(4), r(4), w(4), Type, U32, U32, U32, U32, U32, U64],
         KernelId::MoeCombine => vec![r(4), r(4), w(4), U32, U32, U32],
@@ -62,6 +64,7 @@ fn random_arguments_are_refused_or_served_never_panic() {
         KernelId::Rope,
         KernelId::KvStore,
         KernelId::Attention,
+        KernelId::AttentionRows,
         KernelId::RouterTopk,
         KernelId::MulMatExperts,
         KernelId::MoeCombine,

@@ -26,6 +26,8 @@ use crate::kernels::KernelArgs;
 
 #[path = "attention_decode.rs"]
 mod decode;
+#[path = "attention_window.rs"]
+mod window;
 
 /// The positions of a launch's tokens, each checked to lie inside the cache.
 fn positions(op: &str, pos: &[i32], n_tokens: usize, n_ctx: usize) -> Result<Vec<usize>, String> {
@@ -121,10 +123,13 @@ fn run_heads<'a>(s: &Shape<'a>, t: usize, h0: usize, span: usize, out: &mut [f32
     });
 }
 
-/// Causal attention of `n_tokens` new tokens (token t at position pos[t]) over the cache, with
-/// `n_head / n_kv_head` query heads sharing each K/V head.
-pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
-    const OP: &str = "attention";
+/// A launch's arguments, checked: the shape, each token's span (its position + 1) and
+/// the output.
+type Parsed<'a> = (Shape<'a>, Vec<usize>, &'a mut [f32]);
+
+/// Checks the arguments of `attention` (and `attention_rows`, which takes the same);
+/// `None` when there is nothing to compute.
+fn parse<'a>(op: &str, a: &'a KernelArgs<'_>) -> Result<Option<Parsed<'a>>, String> {
     let q = a.buf::<f32>(0)?;
     let pos = a.buf::<i32>(1)?;
     let k_cache = a.buf::<u16>(2)?;
@@ -138,17 +143,17 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
     let scale = a.f32(10)?;
     if n_kv_head == 0 || !n_head.is_multiple_of(n_kv_head) {
         return Err(format!(
-            "{OP}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}"
+            "{op}: n_head {n_head} is not a multiple of n_kv_head {n_kv_head}"
         ));
     }
-    let q = prefix(OP, "q", q, &[n_tokens, n_head, head_dim])?;
-    let out = prefix_mut(OP, "out", out, &[n_tokens, n_head, head_dim])?;
-    let kv_dim = elems(OP, "a cache row", &[n_kv_head, head_dim])?;
-    let pos = positions(OP, pos, n_tokens, n_ctx)?;
-    let k = prefix(OP, "k_cache (n_ctx rows)", k_cache, &[n_ctx, kv_dim])?;
-    let v = prefix(OP, "v_cache (n_ctx rows)", v_cache, &[n_ctx, kv_dim])?;
+    let q = prefix(op, "q", q, &[n_tokens, n_head, head_dim])?;
+    let out = prefix_mut(op, "out", out, &[n_tokens, n_head, head_dim])?;
+    let kv_dim = elems(op, "a cache row", &[n_kv_head, head_dim])?;
+    let pos = positions(op, pos, n_tokens, n_ctx)?;
+    let k = prefix(op, "k_cache (n_ctx rows)", k_cache, &[n_ctx, kv_dim])?;
+    let v = prefix(op, "v_cache (n_ctx rows)", v_cache, &[n_ctx, kv_dim])?;
     if n_tokens == 0 || n_head == 0 || head_dim == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let s = Shape {
         q,
@@ -163,12 +168,113 @@ pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
         // ggml's cache view is a multiple of 256 rows long: always whole vectors.
         kqv_order: SumOrder::of(n_tokens, SOFTMAX_LANES),
     };
+    let spans = pos.iter().map(|p| p + 1).collect();
+    Ok(Some((s, spans, out)))
+}
+
+/// Causal attention of `n_tokens` new tokens (token t at position pos[t]) over the cache, with
+/// `n_head / n_kv_head` query heads sharing each K/V head.
+pub fn attention(a: &KernelArgs<'_>) -> Result<(), String> {
+    let Some((s, spans, out)) = parse("attention", a)? else {
+        return Ok(());
+    };
     // Heads per work item: a K/V head's group, or one head for a one-token launch.
+    let n_tokens = spans.len();
     let per_item = if n_tokens == 1 { 1 } else { s.group };
-    let items_per_token = n_head / per_item;
-    par::for_each_chunk(a.pool, out, per_item * head_dim, |i, o| {
+    let items_per_token = s.n_head / per_item;
+    par::for_each_chunk(a.pool, out, per_item * s.head_dim, |i, o| {
         let t = i / items_per_token;
-        run_heads(&s, t, (i % items_per_token) * per_item, pos[t] + 1, o)
+        run_heads(&s, t, (i % items_per_token) * per_item, spans[t], o)
     });
     Ok(())
+}
+
+/// `attention` with every token's rows computed as a launch of that token alone computes
+/// them (the one-token summation orders), for speculative decoding's verify windows.
+pub fn attention_rows(a: &KernelArgs<'_>) -> Result<(), String> {
+    let Some((s, spans, out)) = parse("attention_rows", a)? else {
+        return Ok(());
+    };
+    let s = Shape {
+        kq_order: SumOrder::Single,
+        kqv_order: SumOrder::Single,
+        ..s
+    };
+    if spans.len() > 1 && window::available() && window::takes_head_dim(s.head_dim) {
+        attention_window(a.pool, &s, &spans, out);
+        return Ok(());
+    }
+    // One query head per item, as a one-token launch splits its work.
+    par::for_each_chunk(a.pool, out, s.head_dim, |i, o| {
+        let t = i / s.n_head;
+        run_heads(&s, t, i % s.n_head, spans[t], o)
+    });
+    Ok(())
+}
+
+thread_local! {
+    /// A window item's scratch and its rows' outputs.
+    static WINDOW: RefCell<(window::Scratch, Vec<f32>)> =
+        const { RefCell::new((window::Scratch::new(), Vec::new())) };
+}
+
+/// `attention_rows` on AVX-512: per K/V head, its query rows (the window's tokens times
+/// the group's heads, token-major so the spans in a block stay close) in blocks of up to
+/// 8 that read the cache once; a block per work item, and enough blocks that every
+/// thread has some.
+fn attention_window(
+    pool: Option<&par::KernelPool>,
+    s: &Shape<'_>,
+    spans: &[usize],
+    out: &mut [f32],
+) {
+    let (hd, group) = (s.head_dim, s.group);
+    let n_kv = s.n_head / group;
+    let per_kv = spans.len() * group;
+    let blocks = per_kv
+        .div_ceil(window::MAX_QUERIES)
+        .max((2 * par::threads(pool)).div_ceil(n_kv))
+        .min(per_kv);
+    let dst = par::DisjointOut::new(out);
+    par::for_each(pool, n_kv * blocks, |item| {
+        let (g, b) = (item / blocks, item % blocks);
+        let (r0, r1) = (b * per_kv / blocks, (b + 1) * per_kv / blocks);
+        // Row r of K/V head g: token r / group, query head g * group + r % group.
+        let head = |r: usize| (r / group, g * group + r % group);
+        let mut queries: [&[f32]; window::MAX_QUERIES] = [&[]; window::MAX_QUERIES];
+        let mut sp = [0usize; window::MAX_QUERIES];
+        let n = r1 - r0;
+        for (i, r) in (r0..r1).enumerate() {
+            let (t, h) = head(r);
+            queries[i] = &s.q[(t * s.n_head + h) * hd..][..hd];
+            sp[i] = spans[t];
+        }
+        WINDOW.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let (scratch, buf) = &mut *cell;
+            buf.clear();
+            buf.resize(n * hd, 0.0);
+            let kv = window::KvHead {
+                k: s.k,
+                v: s.v,
+                stride: s.kv_dim,
+                offset: g * hd,
+                head_dim: hd,
+            };
+            if !window::attend(kv, &queries[..n], &sp[..n], s.scale, scratch, buf) {
+                for (o, r) in buf.chunks_exact_mut(hd).zip(r0..r1) {
+                    let (t, h) = head(r);
+                    run_heads(s, t, h, spans[t], o);
+                }
+            }
+            for (o, r) in buf.chunks_exact(hd).zip(r0..r1) {
+                let (t, h) = head(r);
+                let base = (t * s.n_head + h) * hd;
+                for (i, &x) in o.iter().enumerate() {
+                    // SAFETY: each (token, head) row belongs to exactly one item.
+                    unsafe { dst.write(base + i, x) };
+                }
+            }
+        });
+    });
 }

@@ -1,0 +1,206 @@
+//! One-token launches that replace several of a decode step's (module `fused` of
+//! crates/core/kernels.txt, a GPU capability): each computes bit for bit what the ops it
+//! replaces compute, so the forward pass takes them where the device has them and runs
+//! the separate ops elsewhere (the CPU backend).
+
+use strata_core::{Args, DeviceBuffer, KernelId, LaunchCfg, Result};
+use strata_gguf::QuantType;
+
+use crate::ops::Ops;
+use crate::weights::{Experts, Matrix, Vector};
+
+/// Threads of the block that normalises a row of `dim` (ops.rs's block_per_row: about 8
+/// values a thread, 32 to 256): a product that ends in a norm runs blocks of this size, so
+/// that its last block normalises exactly as add_rms_norm / combine_add_rms_norm do.
+fn norm_threads(dim: u32) -> u32 {
+    (dim.div_ceil(8).next_multiple_of(32)).clamp(32, 256)
+}
+
+/// A launch of `units` matvec units of `m` rows each in blocks of `threads` (a unit is
+/// 2 rows a warp, up to 8 warps: kernels-cuda/matvec.cuh's mv_rows_per_unit).
+fn norm_product_cfg(m: u32, units_per_row_group: usize, threads: u32) -> LaunchCfg {
+    let rows = ((threads / 32).min(8) * 2) as usize;
+    let blocks = (m as usize).div_ceil(rows) * units_per_row_group.max(1);
+    LaunchCfg::linear(blocks * threads as usize, threads)
+}
+
+/// Weight rows of one matvec unit in a 128-thread block (kernels-cuda/matvec.cuh: 4 warps
+/// of MV_ROWS = 2 rows).
+const MV_UNIT_ROWS: usize = 8;
+
+impl Ops<'_> {
+    /// Whether the device computes Q, K and V of one activation in one launch.
+    pub fn has_mul_mat_qkv(&self) -> bool {
+        self.dev.supports(KernelId::MulMatQkv)
+    }
+
+    /// Whether the device computes the router's logits and their top-k in one launch.
+    pub fn has_router_matvec_topk(&self) -> bool {
+        self.dev.supports(KernelId::RouterMatvecTopk)
+    }
+
+    /// Whether the device runs an output projection with the residual add and norm after
+    /// it, and a MoE down projection with the combine, add and norm after it, in one launch
+    /// each.
+    pub fn has_products_with_norm(&self) -> bool {
+        self.dev.supports(KernelId::MulMatAddRmsNorm)
+            && self.dev.supports(KernelId::ExpertsDownNorm)
+    }
+
+    /// `q = x * wq^T`, `k = x * wk^T`, `v = x * wv^T` for `n` rows of `x` (every matrix
+    /// `wq.k` wide) in one launch: [`Ops::mul_mat`] three times.
+    pub fn mul_mat_qkv(
+        &self,
+        w: (&Matrix, &Matrix, &Matrix),
+        x: &DeviceBuffer<f32>,
+        y: (&DeviceBuffer<f32>, &DeviceBuffer<f32>, &DeviceBuffer<f32>),
+        n: u32,
+    ) -> Result<()> {
+        let (wq, wk, wv) = w;
+        let (q, k, v) = y;
+        let args = Args::new()
+            .read(&wq.buf)
+            .read(&wk.buf)
+            .read(&wv.buf)
+            .read(x)
+            .write(q)
+            .write(k)
+            .write(v)
+            .u32(wq.ty.id())
+            .u32(wk.ty.id())
+            .u32(wv.ty.id())
+            .u32(wq.m)
+            .u32(wk.m)
+            .u32(wv.m)
+            .u32(wq.k)
+            .u32(n);
+        // One unit (8 rows of one matrix for one token) per 128-thread block: a decode
+        // step's 4,096 + 512 + 512 rows are 640 blocks.
+        let units: usize = [wq.m, wk.m, wv.m]
+            .iter()
+            .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
+            .sum();
+        let cfg = LaunchCfg::linear(units * n.max(1) as usize * 128, 128);
+        self.dev
+            .launch(KernelId::MulMatQkv, &cfg, &args, self.stream)
+    }
+
+    /// `logits = x * router^T` for `n_tokens` rows of `x`, then [`Ops::router_topk`] of
+    /// them, in one launch. `done` is the kernel's block counter: one u32, 0 before the
+    /// first launch (the kernel leaves it at 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn router_matvec_topk(
+        &self,
+        router: &Matrix,
+        x: &DeviceBuffer<f32>,
+        logits: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        weights: &DeviceBuffer<f32>,
+        done: &DeviceBuffer<u32>,
+        n_tokens: u32,
+        top_k: u32,
+        norm: bool,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(&router.buf)
+            .read(x)
+            .write(logits)
+            .write(ids)
+            .write(weights)
+            .read_write(done)
+            .u32(router.ty.id())
+            .u32(router.m)
+            .u32(router.k)
+            .u32(n_tokens)
+            .u32(top_k)
+            .u32(norm as u32);
+        // mul_mat's one-token shapes (Ops::mul_mat) for each token: float weights in
+        // one-warp blocks of 2 rows, quantised ones in 128-thread blocks of 8.
+        let float = matches!(router.ty, QuantType::F32 | QuantType::F16 | QuantType::BF16);
+        let (rows, threads) = if float { (2, 32) } else { (MV_UNIT_ROWS, 128) };
+        let blocks = (router.m as usize).div_ceil(rows) * n_tokens.max(1) as usize;
+        let cfg = LaunchCfg::linear(blocks * threads as usize, threads);
+        self.dev
+            .launch(KernelId::RouterMatvecTopk, &cfg, &args, self.stream)
+    }
+
+    /// `y0 = x * w^T` for `n` rows, then [`Ops::add_rms_norm`]`(a, y0, sum, norm, y)`, in
+    /// one launch; `done` as for [`Ops::router_matvec_topk`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_mat_add_rms_norm(
+        &self,
+        w: &Matrix,
+        x: &DeviceBuffer<f32>,
+        y0: &DeviceBuffer<f32>,
+        a: &DeviceBuffer<f32>,
+        sum: &DeviceBuffer<f32>,
+        norm: (&Vector, f32),
+        y: &DeviceBuffer<f32>,
+        done: &DeviceBuffer<u32>,
+        n: u32,
+    ) -> Result<()> {
+        let (nw, eps) = norm;
+        let args = Args::new()
+            .read(&w.buf)
+            .read(x)
+            .write(y0)
+            .read(a)
+            .write(sum)
+            .read(&nw.buf)
+            .write(y)
+            .read_write(done)
+            .u32(w.ty.id())
+            .u32(w.m)
+            .u32(w.k)
+            .u32(n)
+            .f32(eps);
+        let cfg = norm_product_cfg(w.m, n as usize, norm_threads(w.m));
+        self.dev
+            .launch(KernelId::MulMatAddRmsNorm, &cfg, &args, self.stream)
+    }
+
+    /// The down projection of each (token, slot) (`x` per slot, `ys` out), then
+    /// [`Ops::combine_add_rms_norm`]`(ys, weights, res, sum, norm, y)`, in one launch;
+    /// `done` as for [`Ops::router_matvec_topk`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn experts_down_norm(
+        &self,
+        down: (&Experts, &DeviceBuffer<u8>),
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        ys: &DeviceBuffer<f32>,
+        weights: &DeviceBuffer<f32>,
+        res: &DeviceBuffer<f32>,
+        sum: &DeviceBuffer<f32>,
+        norm: (&Vector, f32),
+        y: &DeviceBuffer<f32>,
+        done: &DeviceBuffer<u32>,
+        n_tokens: u32,
+        n_used: u32,
+    ) -> Result<()> {
+        let (w, buf) = down;
+        let (nw, eps) = norm;
+        let args = Args::new()
+            .read(buf)
+            .read(x)
+            .read(ids)
+            .write(ys)
+            .read(weights)
+            .read(res)
+            .write(sum)
+            .read(&nw.buf)
+            .write(y)
+            .read_write(done)
+            .u32(w.ty.id())
+            .u32(w.m)
+            .u32(w.k)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u64(w.expert_bytes)
+            .f32(eps);
+        let slots = (n_tokens * n_used) as usize;
+        let cfg = norm_product_cfg(w.m, slots, norm_threads(w.m));
+        self.dev
+            .launch(KernelId::ExpertsDownNorm, &cfg, &args, self.stream)
+    }
+}
