@@ -14,10 +14,9 @@
 //
 // Work: a unit is a tile of MMA_ROWS weight rows, its whole rows (all of K) staged once in
 // shared memory, against tiles of up to `tokens` activation rows (32, 16 or 8, as many as
-// the dynamic shared memory holds), quantised into shared memory one tile at a time. For
-// each lane sum the block decodes the sub-blocks it takes once into shared memory, then
-// warp w computes rows 16·(w % 4).. of the tile for its share of the tokens: one m16n8k16
-// mma per half sub-block and 8 tokens.
+// the dynamic shared memory holds), quantised into shared memory one tile at a time. Warp
+// w computes rows 16·(w % 4).. of the tile for its share of the tokens: one m16n8k16 mma
+// per half sub-block and 8 tokens, the weights decoded straight into the A fragment.
 #pragma once
 
 #include "common.cuh"
@@ -68,22 +67,17 @@ __device__ __forceinline__ void mma_s8_16x8x16(int d[4], int a0, int a1, int b) 
 #endif
 }
 
-// One decoded sub-block of one staged row, as sub_value needs it (the quants apart).
-struct MmaDec {
-    float d, dmin, m;
-    int16_t sc[2], mn[2];
-};
-#define MMA_QWORDS 9  // words per decoded row's quants: 8, and 1 against bank conflicts
+// Word t (0..3) of four: selects, so a lane-dependent index stays in registers.
+__device__ __forceinline__ int mma_pick4(const int* q, int t) {
+    return t == 0 ? q[0] : t == 1 ? q[1] : t == 2 ? q[2] : q[3];
+}
 
-// Where a block's shared memory goes for one (format, k) and tile of `tokens` tokens:
-// the staged weight rows, the quantised activations with their scales and sums, and the
-// decoded sub-blocks j ≡ L (mod 32) of every staged row for the lane sum L in progress.
+// Where a block's shared memory goes for one (format, k) and tile of `tokens` tokens.
 struct MmaLayout {
     uint32_t w_stride;  // bytes per staged weight row (its aligned 16-byte segments + pad)
     uint32_t a_stride;  // bytes per quantised activation row
     uint32_t nsub;      // sub-blocks (32 values) per row
-    uint32_t steps;     // sub-blocks per row in one lane sum: ceil(nsub / 32)
-    uint32_t a_off, d_off, s_off, dq_off, dm_off, bytes;
+    uint32_t a_off, d_off, s_off, bytes;
 };
 
 __device__ __forceinline__ MmaLayout mma_layout(uint64_t row_bytes, uint32_t k, int tokens) {
@@ -91,13 +85,10 @@ __device__ __forceinline__ MmaLayout mma_layout(uint64_t row_bytes, uint32_t k, 
     l.w_stride = (uint32_t)((row_bytes + 15) & ~(uint64_t)15) + MMA_PAD;
     l.a_stride = k + MMA_PAD;
     l.nsub = k / 32;
-    l.steps = (l.nsub + 31) / 32;
     l.a_off = MMA_ROWS * l.w_stride;
     l.d_off = l.a_off + (uint32_t)tokens * l.a_stride;
     l.s_off = l.d_off + (uint32_t)tokens * l.nsub * 4;
-    l.dq_off = l.s_off + (uint32_t)tokens * l.nsub * 4;
-    l.dm_off = l.dq_off + l.steps * MMA_ROWS * MMA_QWORDS * 4;
-    l.bytes = l.dm_off + l.steps * MMA_ROWS * (uint32_t)sizeof(MmaDec);
+    l.bytes = l.s_off + (uint32_t)tokens * l.nsub * 4;
     return l;
 }
 
@@ -151,157 +142,110 @@ __device__ __forceinline__ void mma_half_sums(MmaAct& act, int tn, const MmaLayo
     }
 }
 
-// Decodes sub-blocks j = L, L + 32, ... of every staged row into the layout's decoded
-// area (the whole block; each sub-block once, where a fragment's lanes would decode it
-// four times over).
-template <class F>
-__device__ __forceinline__ void mma_decode_slice(uint8_t* smem, const uint8_t* wsrc, uint64_t row_bytes,
-                                                 uint32_t r0, const MmaLayout& l, uint32_t L) {
-    constexpr int SUBS = F::QK / 32;
-    const uint32_t steps = l.nsub > L ? (l.nsub - L + 31) / 32 : 0;
-    int* dq = (int*)(smem + l.dq_off);
-    MmaDec* dm = (MmaDec*)(smem + l.dm_off);
-    for (uint32_t i = threadIdx.x; i < steps * MMA_ROWS; i += blockDim.x) {
-        const uint32_t st = i / MMA_ROWS, row = i % MMA_ROWS, j = L + 32 * st;
-        // The row's data starts where its bytes landed in the staged segments (rows past
-        // the matrix hold whatever the buffer holds; their results are not written).
-        const uint8_t* wr = smem + row * l.w_stride +
-                            ((uint64_t)(wsrc + (uint64_t)(r0 + row) * row_bytes) & 15);
-        Sub sub;
-        F::decode(wr + (j / SUBS) * F::BYTES, j % SUBS, sub);
-        int* q = dq + i * MMA_QWORDS;
-#pragma unroll
-        for (int w = 0; w < 8; w++) q[w] = sub.q[w];
-        MmaDec& d = dm[i];
-        d.d = sub.d;
-        d.dmin = sub.dmin;
-        d.m = sub.m;
-        d.sc[0] = (int16_t)sub.sc[0];
-        d.sc[1] = (int16_t)sub.sc[1];
-        d.mn[0] = (int16_t)sub.mn[0];
-        d.mn[1] = (int16_t)sub.mn[1];
-    }
-}
-
-__device__ __forceinline__ void mma_dec_sub(const MmaDec& d, Sub& s) {
-    s.d = d.d;
-    s.dmin = d.dmin;
-    s.m = d.m;
-    s.sc[0] = d.sc[0];
-    s.sc[1] = d.sc[1];
-    s.mn[0] = d.mn[0];
-    s.mn[1] = d.mn[1];
-}
-
-// The token tile in `act` (tn tokens) against the staged rows. Eight warp tasks (4 row
-// fragments of 16 rows x 2 token halves), NF fragments of 8 tokens a task, taken by as
-// many warps as the block has (in rounds when it has fewer than 8). For each lane sum L,
-// in the butterfly's leaf order, the block decodes the sub-blocks j ≡ L, then each task
-// adds them up in order of j per (row, token) pair and folds that sum into its tree.
+// One warp's share of a token tile: rows 16·rf.. of the staged weights (rows at or past
+// `rows` are computed from whatever the buffer holds and not written) for the NF fragments
+// of 8 tokens starting at token 8·f0, written to y as mm_quant_unit would.
 template <class F, int NF>
-__device__ void mma_tile_nf(uint8_t* smem, const uint8_t* wsrc, uint64_t row_bytes,
-                            const MmaAct& act, const MmaLayout& l, int tokens, int tn,
-                            uint32_t r0, uint32_t m, float* y, uint64_t y_stride,
-                            const uint32_t* y_rows) {
-    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+__device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t row_bytes,
+                              const MmaAct& act, const MmaLayout& l, int rf, int f0, int tn,
+                              uint32_t r0, uint32_t rows, float* y, uint64_t y_stride,
+                              const uint32_t* y_rows) {
+    constexpr int SUBS = F::QK / 32;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t rows = min((uint32_t)MMA_ROWS, m - r0);
-    const int* dq = (const int*)(smem + l.dq_off);
-    const MmaDec* dm = (const MmaDec*)(smem + l.dm_off);
-    for (int round = 0; round * nwarps < MMA_WARPS; round++) {
-        const int task = warp + round * nwarps, rf = task & 3, half = task >> 2;
-        const int f0 = NF * half;  // this task's first fragment of 8 tokens
-        const bool active = task < MMA_WARPS && (uint32_t)(16 * rf) < rows &&
-                            8 * f0 < tn && 8 * f0 < tokens;
-        const int ra = 16 * rf + g, rb = ra + 8;  // this lane's two rows of the tile
-        float tree[5][NF][4];
-        float out[NF][4];
-        for (int i = 0; i < 32; i++) {
-            const uint32_t L = __brev((uint32_t)i) >> 27;
-            __syncthreads();  // every task is done with the last slice
-            mma_decode_slice<F>(smem, wsrc, row_bytes, r0, l, L);
-            __syncthreads();
-            if (!active) continue;
-            float acc[NF][4];
+    const int ra = 16 * rf + g, rb = ra + 8;  // this lane's two rows of the tile
+    // Each row's data starts where its bytes landed in the staged segments.
+    const uint8_t* wa = ws + ra * l.w_stride + ((uint64_t)(wsrc + (uint64_t)(r0 + ra) * row_bytes) & 15);
+    const uint8_t* wb = ws + rb * l.w_stride + ((uint64_t)(wsrc + (uint64_t)(r0 + rb) * row_bytes) & 15);
+    float tree[5][NF][4];
+    float out[NF][4];
+    for (int i = 0; i < 32; i++) {
+        const uint32_t L = __brev((uint32_t)i) >> 27;
+        float acc[NF][4];
 #pragma unroll
-            for (int f = 0; f < NF; f++)
+        for (int f = 0; f < NF; f++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[f][e] = 0.0f;
-            for (uint32_t j = L, st = 0; j < l.nsub; j += 32, st++) {
-                const int* qa = dq + (st * MMA_ROWS + ra) * MMA_QWORDS;
-                const int* qb = dq + (st * MMA_ROWS + rb) * MMA_QWORDS;
-                Sub sa, sb;
-                mma_dec_sub(dm[st * MMA_ROWS + ra], sa);
-                mma_dec_sub(dm[st * MMA_ROWS + rb], sb);
-                const int a_lo = qa[t], a_hi = qa[4 + t], b_lo = qb[t], b_hi = qb[4 + t];
-#pragma unroll
-                for (int f = 0; f < NF; f++) {
-                    const int tok0 = 8 * (f0 + f);
-                    const int* arow = (const int*)(act.q + (tok0 + g) * l.a_stride + j * 32);
-                    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
-                    mma_s8_16x8x16(lo, a_lo, b_lo, arow[t]);
-                    mma_s8_16x8x16(hi, a_hi, b_hi, arow[4 + t]);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int tok = tok0 + 2 * t + (e & 1);
-                        const uint32_t at = tok * l.nsub + j;
-                        int b0 = 0, b1 = 0;
-                        float sv = 0.0f;
-                        if (F::MIN) {
-                            const int packed = ((const int*)act.s)[at];
-                            b0 = (int)(int16_t)(packed & 0xffff);
-                            b1 = packed >> 16;
-                        }
-                        if (F::OFFSET) sv = act.s[at];
-                        const float v =
-                            sub_value<F>(e < 2 ? sa : sb, lo[e], hi[e], b0, b1, act.d[at], sv);
-                        acc[f][e] = __fadd_rn(acc[f][e], v);
-                    }
-                }
-            }
-            // Fold lane sum L into the tree: leaf i pairs with leaf i ^ 1, then pairs of
-            // pairs, as warp_sum's xor steps 16, 8, 4, 2, 1 do.
+            for (int e = 0; e < 4; e++) acc[f][e] = 0.0f;
+        for (uint32_t j = L; j < l.nsub; j += 32) {
+            Sub sa, sb;
+            const uint32_t blk = j / SUBS, sub = j % SUBS;
+            F::decode(wa + blk * F::BYTES, sub, sa);
+            F::decode(wb + blk * F::BYTES, sub, sb);
 #pragma unroll
             for (int f = 0; f < NF; f++) {
+                const int tok0 = 8 * (f0 + f);
+                const int* arow = (const int*)(act.q + (tok0 + g) * l.a_stride + j * 32);
+                int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                mma_s8_16x8x16(lo, mma_pick4(sa.q, t), mma_pick4(sb.q, t), arow[t]);
+                mma_s8_16x8x16(hi, mma_pick4(sa.q + 4, t), mma_pick4(sb.q + 4, t), arow[4 + t]);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float x = acc[f][e];
-                    if (!(i & 1)) { tree[0][f][e] = x; continue; }
-                    x = tree[0][f][e] + x;
-                    if (!(i & 2)) { tree[1][f][e] = x; continue; }
-                    x = tree[1][f][e] + x;
-                    if (!(i & 4)) { tree[2][f][e] = x; continue; }
-                    x = tree[2][f][e] + x;
-                    if (!(i & 8)) { tree[3][f][e] = x; continue; }
-                    x = tree[3][f][e] + x;
-                    if (!(i & 16)) { tree[4][f][e] = x; continue; }
-                    out[f][e] = tree[4][f][e] + x;
+                    const int tok = tok0 + 2 * t + (e & 1);
+                    const uint32_t at = tok * l.nsub + j;
+                    int b0 = 0, b1 = 0;
+                    float s = 0.0f;
+                    if (F::MIN) {
+                        const int packed = ((const int*)act.s)[at];
+                        b0 = (int)(int16_t)(packed & 0xffff);
+                        b1 = packed >> 16;
+                    }
+                    if (F::OFFSET) s = act.s[at];
+                    const float v = sub_value<F>(e < 2 ? sa : sb, lo[e], hi[e], b0, b1, act.d[at], s);
+                    acc[f][e] = __fadd_rn(acc[f][e], v);
                 }
             }
         }
-        if (!active) continue;
+        // Fold lane sum L into the tree: leaf i pairs with leaf i ^ 1, then pairs of pairs...
 #pragma unroll
         for (int f = 0; f < NF; f++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int tok = 8 * (f0 + f) + 2 * t + (e & 1);
-                const uint32_t row = (uint32_t)(e < 2 ? ra : rb);
-                if (tok < tn && row < rows) y[mm_row(y_rows, tok) * y_stride + r0 + row] = out[f][e];
+                float x = acc[f][e];
+                if (!(i & 1)) { tree[0][f][e] = x; continue; }
+                x = tree[0][f][e] + x;
+                if (!(i & 2)) { tree[1][f][e] = x; continue; }
+                x = tree[1][f][e] + x;
+                if (!(i & 4)) { tree[2][f][e] = x; continue; }
+                x = tree[2][f][e] + x;
+                if (!(i & 8)) { tree[3][f][e] = x; continue; }
+                x = tree[3][f][e] + x;
+                if (!(i & 16)) { tree[4][f][e] = x; continue; }
+                out[f][e] = tree[4][f][e] + x;
             }
+        }
+    }
+#pragma unroll
+    for (int f = 0; f < NF; f++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * (f0 + f) + 2 * t + (e & 1);
+            const uint32_t row = (uint32_t)(e < 2 ? ra : rb);
+            if (tok < tn && row < rows) y[mm_row(y_rows, tok) * y_stride + r0 + row] = out[f][e];
         }
     }
 }
 
-// 32 tokens: 2 fragments a task; 16: one; 8: one, for the first half's tasks only.
+// The token tile in `act` (tn tokens) against the staged rows: 8 warp tasks (4 row
+// fragments x 2 token halves), taken by as many warps as the block has.
 template <class F>
-__device__ __forceinline__ void mma_tile(uint8_t* smem, const uint8_t* wsrc, uint64_t row_bytes,
+__device__ __forceinline__ void mma_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t row_bytes,
                                          const MmaAct& act, const MmaLayout& l, int tokens,
                                          int tn, uint32_t r0, uint32_t m, float* y,
                                          uint64_t y_stride, const uint32_t* y_rows) {
-    if (tokens == 32)
-        mma_tile_nf<F, 2>(smem, wsrc, row_bytes, act, l, tokens, tn, r0, m, y, y_stride, y_rows);
-    else
-        mma_tile_nf<F, 1>(smem, wsrc, row_bytes, act, l, tokens, tn, r0, m, y, y_stride, y_rows);
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const uint32_t rows = min((uint32_t)MMA_ROWS, m - r0);
+    for (int task = warp; task < MMA_WARPS; task += nwarps) {
+        const int rf = task & 3, half = task >> 2;
+        if ((uint32_t)(16 * rf) >= rows) continue;
+        // 32 tokens: 2 fragments a task; 16: one; 8: one, for the first half only.
+        if (tokens == 32) {
+            if (16 * half < tn)
+                mma_warp_tile<F, 2>(ws, wsrc, row_bytes, act, l, rf, 2 * half, tn, r0, rows, y,
+                                    y_stride, y_rows);
+        } else if (8 * half < tn && 8 * half < tokens) {
+            mma_warp_tile<F, 1>(ws, wsrc, row_bytes, act, l, rf, half, tn, r0, rows, y,
+                                y_stride, y_rows);
+        }
+    }
 }
 
 // Quantises the tile `u` describes (u.tn rows from u.x / u.x_rows) into `act`.

@@ -67,6 +67,9 @@ pub(crate) struct Variant {
     /// `Some(bytes of dynamic shared memory it needs)` when the variant runs this launch,
     /// given the most the kernel may have (`limit`).
     pub applies: fn(args: &[KernelArg], limit: u32) -> Option<u32>,
+    /// Whether it may ask for more than the default 48 KiB (the limit is raised at load
+    /// only for these: a raised limit can change the L1/shared split of every launch).
+    pub large_smem: bool,
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -118,11 +121,8 @@ fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
     let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
     let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
     [32u64, 16, 8].into_iter().find_map(|tokens| {
-        // Weight rows; activation rows, scales and sums; one lane sum's decoded sub-blocks
-        // of every row (36 bytes of quants and 20 of scales each).
-        let steps = (k / 32).div_ceil(32);
-        let bytes =
-            64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + steps * 64 * 56 + extra;
+        // Weight rows; activation rows, their scales and sums; what the caller adds.
+        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
         u32::try_from(bytes).ok().filter(|&b| b <= limit)
     })
 }
@@ -135,6 +135,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         of: KernelId::MulMat,
         func: "mul_mat_vec",
         applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
+        large_smem: false,
     },
     Variant {
         of: KernelId::MulMat,
@@ -145,12 +146,14 @@ pub(crate) const VARIANTS: &[Variant] = &[
             }
             _ => None,
         },
+        large_smem: true,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_vec",
         applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
+        large_smem: false,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -163,6 +166,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             }
             _ => None,
         },
+        large_smem: true,
     },
 ];
 
@@ -362,7 +366,12 @@ impl KernelTable {
         for v in VARIANTS {
             let module = loaded.iter().find(|(name, _)| *name == v.of.module());
             if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
-                table.variants.push((v, KernelEntry::with_large_smem(f)));
+                let entry = if v.large_smem {
+                    KernelEntry::with_large_smem(f)
+                } else {
+                    KernelEntry::new(f)
+                };
+                table.variants.push((v, entry));
             }
         }
         for id in KernelId::ALL {
@@ -571,9 +580,8 @@ mod tests {
         // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
         let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
         assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
-        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad), 32 tokens of 256 (+ pad) + scales,
-        // the 64 rows' decoded sub-blocks of one lane sum.
-        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8 + 64 * 56;
+        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
+        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
         assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
         assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
         assert!((mma.applies)(&mul_mat(16), 1000).is_none());
