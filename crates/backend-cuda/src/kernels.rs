@@ -14,8 +14,8 @@ use crate::driver::{self, check};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
-/// Most arguments one launch may pass.
-pub(crate) const MAX_ARGS: usize = 32;
+/// Most arguments one launch may pass (fused.cu's mul_mat_qkv_rope takes 34).
+pub(crate) const MAX_ARGS: usize = 40;
 
 /// One resolved kernel.
 pub(crate) struct KernelEntry {
