@@ -97,6 +97,77 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
 #define GU_ROWS (MV_ROWS / 2)  // experts_gate_up: rows per warp per unit (gate and up each)
 #define QKR_WARPS 8
 
+// qk_norm_rope_store's arguments (below), for qkr_head.
+struct QkrArgs {
+    const float* q;
+    const float* k;
+    const float* v;
+    const float* q_norm;
+    const float* k_norm;
+    const int32_t* pos;
+    float* q_out;
+    uint16_t* k_cache;
+    uint16_t* v_cache;
+    uint32_t n_head, n_kv_head, head_dim, n_ctx, norm;
+    float eps;
+    RopeParams p;
+    RopeConsts c;
+};
+
+// qk_norm_rope_store's work for token t's head h (query heads, then K heads, then V heads)
+// by one warp, with `hd` (head_dim floats of shared memory) its buffer. The projections
+// are read through load(p) (a plain load, or one past L1 for rows other blocks of the same
+// launch wrote).
+template <class Load>
+__device__ void qkr_head(Load load, const QkrArgs& a, uint64_t t, uint32_t h, float* hd) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t head_dim = a.head_dim;
+    const uint64_t kv_dim = (uint64_t)a.n_kv_head * head_dim;
+    const int32_t at = a.pos[t];
+    const bool in_ctx = at >= 0 && (uint32_t)at < a.n_ctx;  // the host checked; never write outside
+    if (h >= a.n_head + a.n_kv_head) {
+        const uint32_t hv = h - a.n_head - a.n_kv_head;
+        if (!in_ctx) return;
+        const float* src = a.v + t * kv_dim + (uint64_t)hv * head_dim;
+        uint16_t* dst = a.v_cache + (uint64_t)at * kv_dim + (uint64_t)hv * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(load(src + i));
+        return;
+    }
+    const bool is_q = h < a.n_head;
+    const uint32_t hh = is_q ? h : h - a.n_head;
+    const float* src = is_q ? a.q + (t * a.n_head + hh) * head_dim
+                            : a.k + t * kv_dim + (uint64_t)hh * head_dim;
+    if (a.norm) {
+        // rms_norm of one head row with a 32-thread block (ops.rs's shape for rows of
+        // head_dim <= 256): lane i sums squares i, i + 32, ... in f64.
+        const float* nw = is_q ? a.q_norm : a.k_norm;
+        double sq = 0.0;
+        for (uint32_t i = lane; i < head_dim; i += 32) {
+            const float x = load(src + i);
+            sq += (double)__fmul_rn(x, x);
+        }
+        sq = warp_sum_f64(sq);
+        const double total = 0.0 + sq;
+        const float mean = (float)(total / (double)head_dim);
+        const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
+        for (uint32_t i = lane; i < head_dim; i += 32)
+            hd[i] = __fmul_rn(__fmul_rn(load(src + i), scale), nw[i]);
+    } else {
+        for (uint32_t i = lane; i < head_dim; i += 32) hd[i] = load(src + i);
+    }
+    __syncwarp();
+    for (uint32_t i = lane; i < a.p.n_rot / 2; i += 32) rope_pair(hd, at, i, a.p, a.c);
+    __syncwarp();
+    if (is_q) {
+        float* dst = a.q_out + (t * a.n_head + hh) * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = hd[i];
+    } else if (in_ctx) {
+        uint16_t* dst = a.k_cache + (uint64_t)at * kv_dim + (uint64_t)hh * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(hd[i]);
+    }
+    __syncwarp();  // hd is rewritten for the next head
+}
+
 // Per token: q_out = rope(rms_norm_head(q) · q_norm), K cache row pos[t] = f16(rope(
 // rms_norm_head(k) · k_norm)), V cache row pos[t] = f16(v); with norm == 0 the heads are
 // not normalised (and q_norm/k_norm are not read). The sequence it replaces: rms_norm over
@@ -113,57 +184,17 @@ extern "C" __global__ void qk_norm_rope_store(
     if (!fused_whole_warps() || blockDim.x > 32 * QKR_WARPS || head_dim > QKR_MAX_HEAD_DIM ||
         !rope_params_ok(p, head_dim))
         return fill_nan(q_out, (uint64_t)n_tokens * n_head * head_dim);
-    const RopeConsts c = rope_consts(p);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const QkrArgs a = {q,        k,        v,         q_norm, k_norm,    pos, q_out, k_cache,
+                       v_cache,  n_head,   n_kv_head, head_dim, n_ctx,   norm, eps,  p,
+                       rope_consts(p)};
+    const int warp = threadIdx.x >> 5;
     const uint32_t heads = n_head + 2 * n_kv_head;  // q heads, k heads, v heads
     const uint64_t units = (uint64_t)n_tokens * heads;
-    const uint64_t kv_dim = (uint64_t)n_kv_head * head_dim;
-    float* hd = head[warp];
     const uint64_t first = (uint64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     const uint64_t stride = (uint64_t)gridDim.x * (blockDim.x >> 5);
-    for (uint64_t u = first; u < units; u += stride) {
-        const uint64_t t = u / heads;
-        const uint32_t h = (uint32_t)(u % heads);
-        const int32_t at = pos[t];
-        const bool in_ctx = at >= 0 && (uint32_t)at < n_ctx;  // the host checked; never write outside
-        if (h >= n_head + n_kv_head) {
-            const uint32_t hv = h - n_head - n_kv_head;
-            if (!in_ctx) continue;
-            const float* src = v + t * kv_dim + (uint64_t)hv * head_dim;
-            uint16_t* dst = v_cache + (uint64_t)at * kv_dim + (uint64_t)hv * head_dim;
-            for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(src[i]);
-            continue;
-        }
-        const bool is_q = h < n_head;
-        const uint32_t hh = is_q ? h : h - n_head;
-        const float* src = is_q ? q + (t * n_head + hh) * head_dim : k + t * kv_dim + (uint64_t)hh * head_dim;
-        if (norm) {
-            // rms_norm of one head row with a 32-thread block (ops.rs's shape for rows of
-            // head_dim <= 256): lane i sums squares i, i + 32, ... in f64.
-            const float* nw = is_q ? q_norm : k_norm;
-            double sq = 0.0;
-            for (uint32_t i = lane; i < head_dim; i += 32) sq += (double)__fmul_rn(src[i], src[i]);
-            sq = warp_sum_f64(sq);
-            const double total = 0.0 + sq;
-            const float mean = (float)(total / (double)head_dim);
-            const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-            for (uint32_t i = lane; i < head_dim; i += 32)
-                hd[i] = __fmul_rn(__fmul_rn(src[i], scale), nw[i]);
-        } else {
-            for (uint32_t i = lane; i < head_dim; i += 32) hd[i] = src[i];
-        }
-        __syncwarp();
-        for (uint32_t i = lane; i < n_rot / 2; i += 32) rope_pair(hd, at, i, p, c);
-        __syncwarp();
-        if (is_q) {
-            float* dst = q_out + (t * n_head + hh) * head_dim;
-            for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = hd[i];
-        } else if (in_ctx) {
-            uint16_t* dst = k_cache + (uint64_t)at * kv_dim + (uint64_t)hh * head_dim;
-            for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(hd[i]);
-        }
-        __syncwarp();  // hd is rewritten for the next head
-    }
+    for (uint64_t u = first; u < units; u += stride)
+        qkr_head([](const float* x) { return *x; }, a, u / heads, (uint32_t)(u % heads),
+                 head[warp]);
 }
 
 // Gate and up rows of one expert for one activation row, then SwiGLU (matvec.cuh's
@@ -399,5 +430,84 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         const uint64_t o = t * m;
         combine_add_rms_norm_row(load_cg, ys + t * n_used * m, weights + t * n_used, res + o,
                                  sum + o, w, y + o, n_used, m, eps, partial, &row_scale);
+    }
+}
+
+// mul_mat_qkv, then qk_norm_rope_store of its q, k and v (q_out and the f16 cache rows
+// pos[t]), in one launch: each (token, head) is finished by the last block to write one of
+// its rows (a ticket per (token, head) in `done`, n_tokens × (n_head + 2 · n_kv_head) u32
+// that are 0 before the launch; that block sets its ticket back to 0), with one warp, as
+// qk_norm_rope_store computes it. Q has n_head · head_dim rows, K and V n_kv_head · head_dim.
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_qkv_rope(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
+                     float* yq, float* yk, float* yv, const float* q_norm, const float* k_norm,
+                     const int32_t* pos, float* q_out, uint16_t* k_cache, uint16_t* v_cache,
+                     uint32_t* done, uint32_t type_q, uint32_t type_k, uint32_t type_v,
+                     uint32_t k, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head,
+                     uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot,
+                     uint32_t mode, float freq_base, float freq_scale, float ext_factor,
+                     float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
+    __shared__ MvShared sh;
+    __shared__ float head[QKR_MAX_HEAD_DIM];
+    __shared__ uint32_t finished;  // bit i: this unit's block finishes its (i + 1)-th head
+    const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
+                          attn_factor, beta_fast, beta_slow, n_ctx_orig};
+    const uint32_t m_q = n_head * head_dim, m_kv = n_kv_head * head_dim;
+    const uint32_t rows = mv_rows_per_unit();
+    if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
+        !mm_shape_ok(type_v, k) || head_dim == 0 || head_dim > QKR_MAX_HEAD_DIM ||
+        rows > 32 * head_dim || !rope_params_ok(p, head_dim)) {
+        fill_nan(yq, (uint64_t)n_tokens * m_q);
+        fill_nan(yk, (uint64_t)n_tokens * m_kv);
+        fill_nan(yv, (uint64_t)n_tokens * m_kv);
+        return fill_nan(q_out, (uint64_t)n_tokens * m_q);
+    }
+    const QkrArgs a = {yq,       yk,       yv,        q_norm,   k_norm, pos, q_out, k_cache,
+                       v_cache,  n_head,   n_kv_head, head_dim, n_ctx,  norm, eps, p,
+                       rope_consts(p)};
+    const uint32_t heads = n_head + 2 * n_kv_head;
+    const uint64_t gq = (m_q + rows - 1) / rows, gkv = (m_kv + rows - 1) / rows;
+    const uint64_t per_token = gq + 2 * gkv;
+    uint64_t staged = ~(uint64_t)0;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * per_token; un += gridDim.x) {
+        const uint64_t t = un / per_token;
+        uint64_t g = un % per_token;
+        const int j = g < gq ? 0 : g < gq + gkv ? 1 : 2;
+        g -= j == 0 ? 0 : j == 1 ? gq : gq + gkv;
+        const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
+        const uint32_t m = j == 0 ? m_q : m_kv;
+        MmUnit u = one_row_unit(type, m, k);
+        u.w = j == 0 ? wq : j == 1 ? wk : wv;
+        u.x = x + t * k;
+        u.y = (j == 0 ? yq : j == 1 ? yk : yv) + t * m;
+        u.r0 = (uint32_t)g * rows;
+        u.act_key = t * 4 + mv_act_format(type);
+        mv_unit(sh, type, u, staged);
+        // The heads of this unit's rows (at most 32: rows <= 32 · head_dim); a head's
+        // units are those whose rows meet it.
+        const uint32_t h0 = u.r0 / head_dim, h1 = (min(u.r0 + rows, m) - 1) / head_dim;
+        const uint32_t base = j == 0 ? 0 : j == 1 ? n_head : n_head + n_kv_head;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t bits = 0;
+            for (uint32_t h = h0; h <= h1; h++) {
+                const uint32_t first = h * head_dim / rows;
+                const uint32_t last = (min((h + 1) * head_dim, m) - 1) / rows;
+                uint32_t* c = done + t * heads + base + h;
+                if (atomicAdd(c, 1u) == last - first) {
+                    *c = 0;
+                    bits |= 1u << (h - h0);
+                }
+            }
+            finished = bits;
+        }
+        __syncthreads();
+        const uint32_t bits = finished;  // read before the next unit's barrier
+        if (bits == 0) continue;
+        __threadfence();
+        if (threadIdx.x < 32)
+            for (uint32_t h = h0; h <= h1; h++)
+                if (bits >> (h - h0) & 1) qkr_head(load_cg, a, t, base + h, head);
     }
 }

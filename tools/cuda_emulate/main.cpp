@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused|products [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused|products|qkv_rope [FORMAT,FORMAT...]]
 #include "emu.h"
 #include "model.cu"
 #include "fused.cu"
@@ -662,6 +662,45 @@ static void test_fused_norms() {
     }
 }
 
+// mul_mat_qkv_rope against mul_mat_qkv + qk_norm_rope_store: bit for bit, with units
+// inside a head, units spanning two heads (head_dim 8, 16 rows a unit) and a grid-stride
+// grid; launched twice (every head's ticket must be back at 0).
+static void test_qkv_rope() {
+    auto fmt = [](int id) { for (const Fmt& f : FORMATS) if (f.id == id) return f; return FORMATS[0]; };
+    struct C { int tq, tk, tv, k, nt, nh, nkv, hd, rot, mode, norm; unsigned grid, block; } cases[] = {
+        {T_Q4_K, T_Q4_K, T_Q4_K, 256, 1, 4, 2, 128, 128, 2, 1, 0, 128},
+        {T_Q8_0, T_Q4_K, T_Q6_K, 256, 2, 2, 1, 64, 32, 0, 0, 5, 256},
+        {T_Q4_0, T_Q4_0, T_Q4_0, 64, 1, 4, 2, 8, 8, 2, 1, 0, 256}};
+    for (auto c : cases) {
+        const int mq = c.nh * c.hd, mkv = c.nkv * c.hd, ctx = 8, heads = c.nh + 2 * c.nkv;
+        auto wq = random_weights(fmt(c.tq), mq, c.k), wk = random_weights(fmt(c.tk), mkv, c.k), wv = random_weights(fmt(c.tv), mkv, c.k);
+        std::vector<float> x((size_t)c.nt * c.k), qn(c.hd), kn(c.hd);
+        for (auto& v : x) v = urand(2.0f); for (auto& v : qn) v = urand(1.5f); for (auto& v : kn) v = urand(1.5f);
+        std::vector<int32_t> pos(c.nt);
+        for (int t = 0; t < c.nt; t++) pos[t] = 3 + t;
+        float fb = 1e6f, fs = 1.0f, ef = 0.0f, af = 1.0f, bf = 32.0f, bs = 1.0f;
+        unsigned orig = 4096;
+        std::vector<float> q(c.nt * mq), k(c.nt * mkv), v(c.nt * mkv), q0(c.nt * mq);
+        std::vector<uint16_t> kc0(ctx * mkv, 7), vc0(ctx * mkv, 7);
+        launch(40, 128, [&] { mul_mat_qkv(wq.data(), wk.data(), wv.data(), x.data(), q.data(), k.data(), v.data(), c.tq, c.tk, c.tv, mq, mkv, mkv, c.k, c.nt); });
+        launch((c.nt * heads * 32 + 255) / 256, 256, [&] { qk_norm_rope_store(q.data(), k.data(), v.data(), qn.data(), kn.data(), pos.data(), q0.data(), kc0.data(), vc0.data(), c.nt, c.nh, c.nkv, c.hd, ctx, c.norm, 1e-6f, c.rot, c.mode, fb, fs, ef, af, bf, bs, orig); });
+        std::vector<uint32_t> done(c.nt * heads, 0);
+        bool ok = true;
+        const int rows = std::min((int)c.block / 32, 8) * 2;
+        const unsigned grid = c.grid ? c.grid : (unsigned)(c.nt * ((mq + rows - 1) / rows + 2 * ((mkv + rows - 1) / rows)));
+        for (int rep = 0; rep < 2; rep++) {
+            std::vector<float> q1(q.size(), -1), k1(k.size(), -1), v1(v.size(), -1), qo(q0.size(), -1);
+            std::vector<uint16_t> kc1(ctx * mkv, 7), vc1(ctx * mkv, 7);
+            launch(grid, c.block, [&] { mul_mat_qkv_rope(wq.data(), wk.data(), wv.data(), x.data(), q1.data(), k1.data(), v1.data(), qn.data(), kn.data(), pos.data(), qo.data(), kc1.data(), vc1.data(), done.data(), c.tq, c.tk, c.tv, c.k, c.nt, c.nh, c.nkv, c.hd, ctx, c.norm, 1e-6f, c.rot, c.mode, fb, fs, ef, af, bf, bs, orig); });
+            ok = ok && same(q, q1) && same(k, k1) && same(v, v1) && same(q0, qo) && same16(kc0, kc1) && same16(vc0, vc1);
+            for (auto d : done) ok = ok && d == 0;
+        }
+        char what[200];
+        snprintf(what, sizeof what, "mul_mat_qkv_rope %s/%s/%s t=%d heads %d/%d hd=%d grid %ux%u vs mul_mat_qkv + qk_norm_rope_store (bit-exact)", fmt(c.tq).name, fmt(c.tk).name, fmt(c.tv).name, c.nt, c.nh, c.nkv, c.hd, grid, c.block);
+        report(what, ok ? 0 : 1, 0);
+    }
+}
+
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (argc > 2) fmt_only = std::string(",") + argv[2] + ",";
@@ -676,6 +715,7 @@ int main(int argc, char** argv) {
     if (only == "fused") test_fused();
     if (only == "fused" || only == "products") test_fused_products();
     if (only == "fused" || only == "products") test_fused_norms();
+    if (only == "fused" || only == "products" || only == "qkv_rope") test_qkv_rope();
     if (only == "mma") test_mma();
     printf("%d failed\n", fails);
     return fails != 0;

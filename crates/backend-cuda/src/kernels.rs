@@ -14,8 +14,8 @@ use crate::driver::{self, check};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
-/// Most arguments one launch may pass.
-pub(crate) const MAX_ARGS: usize = 32;
+/// Most arguments one launch may pass (fused.cu's mul_mat_qkv_rope takes 34).
+pub(crate) const MAX_ARGS: usize = 40;
 
 /// One resolved kernel.
 pub(crate) struct KernelEntry {
@@ -392,7 +392,30 @@ impl KernelTable {
                 }
             }
         }
+        table.skip_optional(std::env::var("STRATA_CUDA_SKIP").ok().as_deref());
         Ok(table)
+    }
+
+    /// Leaves out the optional (module `fused`) kernels named in `list` (comma-separated,
+    /// from `STRATA_CUDA_SKIP`): the engine then runs the op sequences they replace, so one
+    /// run can compare the two or step around a faulty fused kernel without a rebuild.
+    fn skip_optional(&mut self, list: Option<&str>) {
+        for name in list
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+        {
+            match KernelId::ALL.iter().find(|id| id.name() == name) {
+                Some(id) if id.module() == "fused" => {
+                    if let Some(e) = self.entries.get_mut(id.index()) {
+                        *e = None;
+                        tracing::info!("cuda: {name} left out (STRATA_CUDA_SKIP)");
+                    }
+                }
+                _ => tracing::warn!("cuda: STRATA_CUDA_SKIP names {name}, not an optional kernel"),
+            }
+        }
     }
 
     /// The kernel, or `None` when no CUDA source defines it.
@@ -605,6 +628,29 @@ mod tests {
                 id.name()
             );
         }
+    }
+
+    #[test]
+    fn only_optional_kernels_can_be_skipped() {
+        let entry = || {
+            Some(KernelEntry {
+                func: std::ptr::null_mut(),
+                params: None,
+                cluster_width: 1,
+            })
+        };
+        let mut table = KernelTable {
+            modules: Vec::new(),
+            entries: KernelId::ALL.iter().map(|_| entry()).collect(),
+            variants: Vec::new(),
+            origins: Vec::new(),
+        };
+        table.skip_optional(Some(" mul_mat_qkv,rms_norm,,no_such_kernel"));
+        assert!(table.get(KernelId::MulMatQkv).is_none());
+        assert!(table.get(KernelId::RmsNorm).is_some());
+        assert!(table.get(KernelId::ExpertsDownNorm).is_some());
+        table.skip_optional(None);
+        assert!(table.get(KernelId::RouterMatvecTopk).is_some());
     }
 
     #[test]

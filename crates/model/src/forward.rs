@@ -40,6 +40,8 @@ pub struct Scratch {
     /// (0 between launches; one launch at a time on the forward pass's stream).
     router_done: DeviceBuffer<u32>,
     norm_done: DeviceBuffer<u32>,
+    /// mul_mat_qkv_rope's counters, one per (token, head) of a one-token step.
+    head_done: DeviceBuffer<u32>,
     /// Logits of up to `logit_rows` rows (1 unless every row's logits are wanted: a
     /// vocabulary-wide row per batch token would dwarf a small model).
     pub logits: DeviceBuffer<f32>,
@@ -61,6 +63,7 @@ impl Scratch {
                 .max(m.n_ff_shared.unwrap_or(0) as usize);
         }
         let f = |len: usize| dev.alloc::<f32>(len.max(1));
+        let heads = (h.n_head + 2 * h.n_head_kv) as usize;
         Ok(Scratch {
             n_max: n as u32,
             ids: dev.alloc::<u32>(n)?,
@@ -86,6 +89,7 @@ impl Scratch {
             gate_logit: f(n)?,
             router_done: dev.alloc_from(&[0u32], dev.main_stream())?,
             norm_done: dev.alloc_from(&[0u32], dev.main_stream())?,
+            head_done: dev.alloc_from(&vec![0u32; heads], dev.main_stream())?,
             logits: f(logit_rows.clamp(1, n as u32) as usize * h.n_vocab as usize)?,
             logit_rows: logit_rows.clamp(1, n as u32),
         })
@@ -315,9 +319,44 @@ impl Model {
         if !fused {
             ops.rms_norm(&s.x, 0, &a.norm, &s.xn, 0, n, h.rms_eps)?;
         }
+        // Per-head norms (or none), rope and the K/V append in one launch.
+        let norms = match (h.qk_norm, &a.q_norm, &a.k_norm) {
+            (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => Some(None),
+            (QkNorm::PerHead, Some(qn), Some(kn)) => Some(Some((qn, kn))),
+            (QkNorm::Full, _, _) => None,
+        };
+        // The fused form appends f16 rows; an int8 cache quantises its own.
+        let rope_fused = fused && h.head_dim <= 256 && kv.format == KvFormat::F16;
+        let shape = QkvShape {
+            n_tokens: n,
+            n_head: h.n_head,
+            n_kv_head: h.n_head_kv,
+            head_dim: h.head_dim,
+            n_ctx: kv.n_ctx,
+        };
+        let caches = (&kv.k[il], &kv.v[il]);
         // Decode: the three projections of one activation in one launch where the device
-        // has it (the same rows bit for bit).
+        // has it (the same rows bit for bit), with the per-head work in the same launch
+        // where nothing comes between them (no biases).
         let same_k = a.wq.k == a.wk.k && a.wq.k == a.wv.k;
+        let no_bias = a.bq.is_none() && a.bk.is_none() && a.bv.is_none();
+        let qkv_shape = a.wq.m == h.q_dim() && a.wk.m == h.kv_dim() && a.wv.m == h.kv_dim();
+        if let Some(norm) = norms
+            && rope_fused
+            && n == 1
+            && same_k
+            && no_bias
+            && qkv_shape
+            && ops.has_mul_mat_qkv_rope()
+        {
+            let (w, y) = ((&a.wq, &a.wk, &a.wv), (&s.q, &s.k, &s.v));
+            let (pos, done) = (&s.pos, &s.head_done);
+            let (eps, rope) = (h.rms_eps, &h.rope);
+            ops.mul_mat_qkv_rope(
+                w, &s.xn, y, norm, pos, &s.qn, caches, done, shape, eps, rope,
+            )?;
+            return self.attend(ops, s, a, kv, il, n, per_row, &s.qn, ffn_norm);
+        }
         if fused && n == 1 && same_k && ops.has_mul_mat_qkv() {
             ops.mul_mat_qkv((&a.wq, &a.wk, &a.wv), &s.xn, (&s.q, &s.k, &s.v), n)?;
         } else {
@@ -330,23 +369,8 @@ impl Model {
                 ops.add_rows(buf, b, n)?;
             }
         }
-        // Per-head norms (or none), rope and the K/V append in one launch.
-        let norms = match (h.qk_norm, &a.q_norm, &a.k_norm) {
-            (QkNorm::None, _, _) | (_, None, _) | (_, _, None) => Some(None),
-            (QkNorm::PerHead, Some(qn), Some(kn)) => Some(Some((qn, kn))),
-            (QkNorm::Full, _, _) => None,
-        };
         let q = match norms {
-            // The fused form appends f16 rows; an int8 cache quantises its own.
-            Some(norm) if fused && h.head_dim <= 256 && kv.format == KvFormat::F16 => {
-                let shape = QkvShape {
-                    n_tokens: n,
-                    n_head: h.n_head,
-                    n_kv_head: h.n_head_kv,
-                    head_dim: h.head_dim,
-                    n_ctx: kv.n_ctx,
-                };
-                let caches = (&kv.k[il], &kv.v[il]);
+            Some(norm) if rope_fused => {
                 ops.qk_norm_rope_store(
                     &s.q, &s.k, &s.v, norm, &s.pos, &s.qn, caches, shape, h.rms_eps, &h.rope,
                 )?;

@@ -6,7 +6,8 @@
 use strata_core::{Args, DeviceBuffer, KernelId, LaunchCfg, Result};
 use strata_gguf::QuantType;
 
-use crate::ops::Ops;
+use crate::hparams::Rope;
+use crate::ops::{Ops, QkvShape};
 use crate::weights::{Experts, Matrix, Vector};
 
 /// Threads of the block that normalises a row of `dim` (ops.rs's block_per_row: about 8
@@ -32,6 +33,12 @@ impl Ops<'_> {
     /// Whether the device computes Q, K and V of one activation in one launch.
     pub fn has_mul_mat_qkv(&self) -> bool {
         self.dev.supports(KernelId::MulMatQkv)
+    }
+
+    /// Whether the device computes Q, K and V and then their per-head norms, rope and K/V
+    /// append in one launch.
+    pub fn has_mul_mat_qkv_rope(&self) -> bool {
+        self.dev.supports(KernelId::MulMatQkvRope)
     }
 
     /// Whether the device computes the router's logits and their top-k in one launch.
@@ -202,5 +209,75 @@ impl Ops<'_> {
         let cfg = norm_product_cfg(w.m, slots, norm_threads(w.m));
         self.dev
             .launch(KernelId::ExpertsDownNorm, &cfg, &args, self.stream)
+    }
+
+    /// [`Ops::mul_mat_qkv`] (q, k, v: `y`), then [`Ops::qk_norm_rope_store`] of them into
+    /// `q_out` and the caches, in one launch. `done` holds one u32 counter per (token,
+    /// head), all 0 (the kernel leaves them at 0).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_mat_qkv_rope(
+        &self,
+        w: (&Matrix, &Matrix, &Matrix),
+        x: &DeviceBuffer<f32>,
+        y: (&DeviceBuffer<f32>, &DeviceBuffer<f32>, &DeviceBuffer<f32>),
+        norm: Option<(&Vector, &Vector)>,
+        pos: &DeviceBuffer<i32>,
+        q_out: &DeviceBuffer<f32>,
+        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        done: &DeviceBuffer<u32>,
+        shape: QkvShape,
+        eps: f32,
+        r: &Rope,
+    ) -> Result<()> {
+        let (wq, wk, wv) = w;
+        let (q, k, v) = y;
+        // Without norms the weight arguments are not read; any f32 buffer stands in.
+        let (qn, kn) = match norm {
+            Some((qn, kn)) => (&qn.buf, &kn.buf),
+            None => (q, k),
+        };
+        let args = Args::new()
+            .read(&wq.buf)
+            .read(&wk.buf)
+            .read(&wv.buf)
+            .read(x)
+            .write(q)
+            .write(k)
+            .write(v)
+            .read(qn)
+            .read(kn)
+            .read(pos)
+            .write(q_out)
+            .write(caches.0)
+            .write(caches.1)
+            .read_write(done)
+            .u32(wq.ty.id())
+            .u32(wk.ty.id())
+            .u32(wv.ty.id())
+            .u32(wq.k)
+            .u32(shape.n_tokens)
+            .u32(shape.n_head)
+            .u32(shape.n_kv_head)
+            .u32(shape.head_dim)
+            .u32(shape.n_ctx)
+            .u32(norm.is_some() as u32)
+            .f32(eps)
+            .u32(r.n_rot)
+            .u32(r.mode as u32)
+            .f32(r.freq_base)
+            .f32(r.freq_scale)
+            .f32(r.ext_factor)
+            .f32(r.attn_factor)
+            .f32(r.beta_fast)
+            .f32(r.beta_slow)
+            .u32(r.n_ctx_orig);
+        // mul_mat_qkv's shape: a unit of 8 rows per 128-thread block.
+        let units: usize = [wq.m, wk.m, wv.m]
+            .iter()
+            .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
+            .sum();
+        let cfg = LaunchCfg::linear(units * shape.n_tokens.max(1) as usize * 128, 128);
+        self.dev
+            .launch(KernelId::MulMatQkvRope, &cfg, &args, self.stream)
     }
 }

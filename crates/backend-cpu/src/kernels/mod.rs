@@ -162,7 +162,8 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         | KernelId::MulMatQkv
         | KernelId::RouterMatvecTopk
         | KernelId::MulMatAddRmsNorm
-        | KernelId::ExpertsDownNorm => Err(format!(
+        | KernelId::ExpertsDownNorm
+        | KernelId::MulMatQkvRope => Err(format!(
             "{} is not a CPU kernel (run its op sequence instead)",
             kernel.name()
         )),

@@ -1,7 +1,8 @@
 //! The decode step's merged launches (module `fused`, kernels-cuda/fused.cu: mul_mat_qkv,
-//! router_matvec_topk, mul_mat_add_rms_norm, experts_down_norm) against the launches they
-//! replace, on the GPU, bit for bit: the same rows (matvec.cuh's units), the same top-k
-//! (router.cuh), the same norms (rownorm.cuh with the same block size). Those launches are
+//! mul_mat_qkv_rope, router_matvec_topk, mul_mat_add_rms_norm, experts_down_norm) against
+//! the launches they replace, on the GPU, bit for bit: the same rows (matvec.cuh's units),
+//! the same top-k (router.cuh), the same norms (rownorm.cuh with the same block size), the
+//! same per-head norm and rope (fused.cu's qkr_head). Those launches are
 //! checked against the CPU backend by the other model_ops tests.
 
 use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg};
@@ -184,6 +185,22 @@ fn norm_threads(dim: usize) -> usize {
     dim.div_ceil(8).next_multiple_of(32).clamp(32, 256)
 }
 
+/// qk_norm_rope_store's scalars after n_ctx (qwen3's per-head norms and NeoX rope, a base
+/// of 1e6), as ops.rs passes them.
+fn qkr_tail(a: Args<'_>, hd: usize) -> Args<'_> {
+    a.u32(1)
+        .f32(1e-6)
+        .u32(hd as u32)
+        .u32(2)
+        .f32(1e6)
+        .f32(1.0)
+        .f32(0.0)
+        .f32(1.0)
+        .f32(32.0)
+        .f32(1.0)
+        .u32(4096)
+}
+
 /// Blocks of `threads` over `m` rows (2 rows a warp, up to 8 warps) times `units`.
 fn norm_product_cfg(m: usize, units: usize, threads: usize) -> LaunchCfg {
     let rows = (threads / 32).min(8) * 2;
@@ -350,6 +367,130 @@ fn products_ending_in_a_norm_match_their_sequences() {
             rep.exact(&format!("{what}: norm"), &download(d, &y1), &out0);
             rep.exact(&format!("{what}: counter"), &download(d, &done), &[0u32]);
         }
+    }
+    rep.finish();
+}
+
+#[test]
+fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
+    let Some(p) = pair("mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store") else {
+        return;
+    };
+    let d = &p.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng::new(64);
+    let (n_head, n_kv, hd, k, ctx) = (32usize, 4usize, 128usize, 2048usize, 16usize);
+    let (mq, mkv, heads) = (n_head * hd, n_kv * hd, n_head + 2 * n_kv);
+    let ty = QuantType::Q4_K;
+    let ws: Vec<_> = [mq, mkv, mkv]
+        .iter()
+        .map(|&m| upload(d, &random_weights(ty, m, k, &mut rng)))
+        .collect();
+    let bx = upload(d, &rng.vec(k, 2.0));
+    let (qn, kn) = (upload(d, &rng.vec(hd, 1.5)), upload(d, &rng.vec(hd, 1.5)));
+    let pos = upload(d, &[5i32]);
+    let alloc = |n: usize| d.alloc::<f32>(n).unwrap();
+    let caches = |d: &Device| {
+        let z = vec![0x3C00u16; ctx * mkv];
+        (upload(d, &z), upload(d, &z))
+    };
+    // The sequence: mul_mat_qkv, qk_norm_rope_store.
+    let (q, kk, v, q0) = (alloc(mq), alloc(mkv), alloc(mkv), alloc(mq));
+    let args = Args::new()
+        .read(&ws[0])
+        .read(&ws[1])
+        .read(&ws[2])
+        .read(&bx)
+        .write(&q)
+        .write(&kk)
+        .write(&v)
+        .u32(ty.id())
+        .u32(ty.id())
+        .u32(ty.id())
+        .u32(mq as u32)
+        .u32(mkv as u32)
+        .u32(mkv as u32)
+        .u32(k as u32)
+        .u32(1);
+    let units = (mq + 2 * mkv) / 8;
+    launch(
+        d,
+        KernelId::MulMatQkv,
+        &LaunchCfg::linear(units * 128, 128),
+        &args,
+    );
+    let (kc0, vc0) = caches(d);
+    let args = Args::new()
+        .read(&q)
+        .read(&kk)
+        .read(&v)
+        .read(&qn)
+        .read(&kn)
+        .read(&pos)
+        .write(&q0)
+        .write(&kc0)
+        .write(&vc0)
+        .u32(1)
+        .u32(n_head as u32)
+        .u32(n_kv as u32)
+        .u32(hd as u32)
+        .u32(ctx as u32);
+    launch(
+        d,
+        KernelId::QkNormRopeStore,
+        &LaunchCfg::linear(heads * 32, 256),
+        &qkr_tail(args, hd),
+    );
+    let want = (
+        download(d, &q),
+        download(d, &kk),
+        download(d, &v),
+        download(d, &q0),
+        download(d, &kc0),
+        download(d, &vc0),
+    );
+    let done = upload(d, &vec![0u32; heads]);
+    for launch_i in 0..2 {
+        let (q1, k1, v1, qo) = (alloc(mq), alloc(mkv), alloc(mkv), alloc(mq));
+        let (kc1, vc1) = caches(d);
+        let args = Args::new()
+            .read(&ws[0])
+            .read(&ws[1])
+            .read(&ws[2])
+            .read(&bx)
+            .write(&q1)
+            .write(&k1)
+            .write(&v1)
+            .read(&qn)
+            .read(&kn)
+            .read(&pos)
+            .write(&qo)
+            .write(&kc1)
+            .write(&vc1)
+            .read_write(&done)
+            .u32(ty.id())
+            .u32(ty.id())
+            .u32(ty.id())
+            .u32(k as u32)
+            .u32(1)
+            .u32(n_head as u32)
+            .u32(n_kv as u32)
+            .u32(hd as u32)
+            .u32(ctx as u32);
+        let cfg = LaunchCfg::linear(units * 128, 128);
+        launch(d, KernelId::MulMatQkvRope, &cfg, &qkr_tail(args, hd));
+        let what = format!("mul_mat_qkv_rope {ty:?} launch {launch_i}");
+        rep.exact(&format!("{what}: q"), &download(d, &q1), &want.0);
+        rep.exact(&format!("{what}: k"), &download(d, &k1), &want.1);
+        rep.exact(&format!("{what}: v"), &download(d, &v1), &want.2);
+        rep.exact(&format!("{what}: rotated q"), &download(d, &qo), &want.3);
+        rep.exact(&format!("{what}: K cache"), &download(d, &kc1), &want.4);
+        rep.exact(&format!("{what}: V cache"), &download(d, &vc1), &want.5);
+        rep.exact(
+            &format!("{what}: counters"),
+            &download(d, &done),
+            &vec![0u32; heads],
+        );
     }
     rep.finish();
 }
