@@ -637,6 +637,7 @@ mod tests {
                 func: std::ptr::null_mut(),
                 params: None,
                 cluster_width: 1,
+                max_dynamic_smem: 0,
             })
         };
         let mut table = KernelTable {
