@@ -356,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 // the order the list takes does not matter, each pair's rows are computed alone), then
 // stages each row tile once and runs the listed pairs through it in tiles of `tokens`.
 // Slots are listed in windows of `list_cap`; invalid ids get NaN rows, as mul_mat_experts.
-#define MMA_GROUP 1
+#define MMA_GROUP 1  // 4 measured slower (fewer, longer units): pp512 1102 -> 657 tokens/s
 // Most slots listed at once (the window's matches, 4 bytes each, after mma_layout's;
 // crates/backend-cuda/src/kernels.rs sizes the shared memory for it).
 #ifndef MMA_LIST_MAX
