@@ -29,11 +29,13 @@ for m in "$smollm2" "$moe"; do
   sg=$(STRATA_CPU_THREADS=$threads $strata bench -m "$m" -p 0 -n "$tg" -r "$reps" --json 2>/dev/null)
   spp=$(json 'round(json.loads(sys.argv[1])["prefill_tokens_per_s"],1)' "$sp")
   stg=$(json 'round(json.loads(sys.argv[1])["decode_tokens_per_s"],1)' "$sg")
-  # Peak RSS of one run doing both (the context then holds pp + tg positions).
+  # Peak RSS of one run doing both (its context holds pp + tg positions).
   rss_log=$(mktemp)
   STRATA_CPU_THREADS=$threads /usr/bin/time -f '%M' -o "$rss_log" \
     $strata bench -m "$m" -p "$pp" -n "$tg" -r 1 --json >/dev/null 2>&1
-  rss_kb=$(tail -n 1 "$rss_log"); rm -f "$rss_log"
+  rss_kib=$(tail -n 1 "$rss_log"); rm -f "$rss_log"
+  # %M is in KiB (1024 bytes) and the budget in MB (10^6 bytes): one unit for both.
+  rss_mb=$(python3 -c "print(round($rss_kib * 1024 / 1e6, 1))")
   # Budget: the file, f16 K and V of every layer at the bench's context (pp + tg), +10%
   # (shape from `strata info`; head size = embedding / heads, as in both bench models).
   budget=$($strata info "$m" 2>/dev/null | python3 -c '
@@ -41,11 +43,11 @@ import os, re, sys
 info = dict(re.split(r"\s{2,}", l.strip(), maxsplit=1) for l in sys.stdin if re.match(r"^\S.*\s{2,}\S", l))
 n = lambda k: int(info[k].split()[0])
 kv = n("layers") * 2 * int(sys.argv[2]) * n("kv heads") * n("embedding") // n("heads") * 2
-print(round((os.path.getsize(sys.argv[1]) + kv) * 1.1 / 1e6))' "$m" "$((pp + tg))")
+print(round((os.path.getsize(sys.argv[1]) + kv) * 1.1 / 1e6, 1))' "$m" "$((pp + tg))")
   printf '| %s | llama.cpp | %s | %s | |\n' "$name" "$lpp" "$ltg"
   printf '| %s | strata | %s (%.2fx) | %s (%.2fx) | %s (%s) |\n' "$name" \
     "$spp" "$(python3 -c "print($spp/$lpp)")" "$stg" "$(python3 -c "print($stg/$ltg)")" \
-    "$((rss_kb / 1000))" "$budget"
+    "$rss_mb" "$budget"
 done
 # Other processes on the same cores change both engines' figures (llama.cpp's OpenMP threads
 # most): say how busy the machine was.

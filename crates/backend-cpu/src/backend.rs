@@ -14,7 +14,7 @@ use strata_core::{
 
 use crate::CpuOptions;
 use crate::kernels::{self, ArgSlot, KernelArgs};
-use crate::memory::{AlignedBytes, CpuBuffer};
+use crate::memory::{AlignedBytes, Arena, CpuBuffer};
 use crate::sanitizer::{AccessLog, DelayRng, Stamp, VClock};
 use crate::worker::{EventState, JobCtx, StreamWorker};
 
@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     failures: Mutex<Vec<String>>,
     next_id: AtomicU64,
     allocated: AtomicUsize,
+    /// Where imported blocks under 2 MiB are copied (see `huge_copy`).
+    arena: Mutex<Arena>,
     rng: Mutex<DelayRng>,
     total_memory: usize,
     /// Kernel threads (`CpuOptions::threads`); `None` when that is 1.
@@ -110,19 +112,21 @@ impl Shared {
             .ok_or_else(|| driver("buffer", format!("unknown buffer #{}", b.0)))
     }
 
-    /// `src` copied to huge pages (see `CpuOptions::huge_pages`) when it is big enough
-    /// and fits in half of the device's memory; the borrowed file pages are then dropped
-    /// from the resident set. The copy counts as allocated memory.
+    /// `src` copied to huge pages (see `CpuOptions::huge_pages`) while the copies fit in
+    /// half of the device's memory: blocks of 2 MiB or more into mappings of their own,
+    /// smaller ones packed into the arena. The file pages it was read from are then
+    /// dropped from the resident set. The copy counts as allocated memory.
     fn huge_copy(&self, src: &[u8]) -> Option<AlignedBytes> {
-        const FROM: usize = 2 << 20;
+        const OWN_MAPPING_FROM: usize = 2 << 20;
         let used = self.allocated.load(Ordering::Relaxed);
-        if !self.opts.huge_pages
-            || src.len() < FROM
-            || used.saturating_add(src.len()) > self.total_memory / 2
-        {
+        if !self.opts.huge_pages || used.saturating_add(src.len()) > self.total_memory / 2 {
             return None;
         }
-        let copy = AlignedBytes::huge_copy(src)?;
+        let copy = if src.len() >= OWN_MAPPING_FROM {
+            AlignedBytes::huge_copy(src)?
+        } else {
+            lock(&self.arena).copy(src)?
+        };
         self.allocated.fetch_add(src.len(), Ordering::Relaxed);
         crate::memory::release_file_pages(src);
         Some(copy)
@@ -398,6 +402,7 @@ impl CpuBackend {
                 failures: Mutex::new(Vec::new()),
                 next_id: AtomicU64::new(1),
                 allocated: AtomicUsize::new(0),
+                arena: Mutex::new(Arena::default()),
                 rng: Mutex::new(DelayRng::new(seed)),
                 total_memory,
                 pool,

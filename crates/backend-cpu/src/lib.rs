@@ -26,10 +26,10 @@ pub struct CpuOptions {
     /// Threads the heavy kernels (mul_mat, attention, ...) are split over; `None` means
     /// one per physical core this process may run on.
     pub threads: Option<usize>,
-    /// Imported host memory (model weights) of 2 MiB or more is copied into memory with
-    /// transparent huge pages, up to half of the device's memory, and the borrowed file
-    /// pages are dropped from the resident set: streaming weights on 4 KiB pages costs a
-    /// TLB miss every page (measured 35-50% slower on a VM).
+    /// Imported host memory (model weights) is copied into memory with transparent huge
+    /// pages (blocks under 2 MiB packed together), up to half of the device's memory, and
+    /// the borrowed file pages are dropped from the resident set: streaming weights on
+    /// 4 KiB pages costs a TLB miss every page (measured 35-50% slower on a VM).
     pub huge_pages: bool,
 }
 

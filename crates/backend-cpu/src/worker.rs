@@ -16,6 +16,10 @@ pub struct JobCtx {
 
 pub type Job = Box<dyn FnOnce(&mut JobCtx) + Send>;
 
+/// Most jobs a stream holds before [`StreamWorker::push`] waits for it (a decode step's
+/// graph is one job; a 192-token prefill pass of SmolLM2 ~1000 launches).
+pub const MAX_PENDING: u64 = 1024;
+
 /// Jobs finished so far, with a condvar for waiters (shared with the thread; the
 /// thread must not own the worker, or dropping the worker could never stop it).
 #[derive(Default)]
@@ -81,8 +85,16 @@ impl StreamWorker {
         Ok(worker)
     }
 
-    /// Queues `job`; returns its position (1-based).
+    /// Queues `job`; returns its position (1-based). When the stream is more than
+    /// [`MAX_PENDING`] jobs behind, first waits until it is half that: a prompt's micro-
+    /// batches are queued in one go, and each launch holds its arguments and buffer
+    /// references until it runs (512 tokens in passes of 64 held ~1 MB). Waiting cannot
+    /// deadlock: a queued job only ever waits for jobs queued before it.
     pub fn push(&self, job: Job) -> u64 {
+        let queued = self.queued();
+        if queued > self.done() + MAX_PENDING {
+            self.wait_until(queued - MAX_PENDING / 2);
+        }
         let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
         let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = sender.as_ref()
@@ -146,5 +158,32 @@ impl EventState {
     }
     pub fn wait(&self) {
         self.worker.wait_until(self.target);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// While the stream is stuck on a slow job, `push` holds the queue to at most
+    /// `MAX_PENDING` jobs behind (it would queue all of them at once otherwise), and every
+    /// job still runs, in order.
+    #[test]
+    fn push_waits_while_the_stream_is_far_behind() {
+        let w = StreamWorker::spawn(0).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        w.push(Box::new(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(50))
+        }));
+        let n = 3 * MAX_PENDING;
+        for i in 0..n {
+            let o = order.clone();
+            w.push(Box::new(move |_| o.lock().unwrap().push(i)));
+            assert!(w.queued() - w.done() <= MAX_PENDING + 1, "job {i}");
+        }
+        w.drain();
+        assert_eq!(*order.lock().unwrap(), (0..n).collect::<Vec<_>>());
     }
 }

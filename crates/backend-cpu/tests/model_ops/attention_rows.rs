@@ -199,3 +199,59 @@ fn attention_rows_equals_one_token_launches_bit_for_bit() {
         "the batch launch differed in only {batch_differs} cases"
     );
 }
+
+/// This process's CPU time in seconds (every thread's run time, /proc/self/task/*/schedstat).
+fn cpu_s() -> f64 {
+    let ns: u64 = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    ns as f64 * 1e-9
+}
+
+/// A timing, not a check: `cargo test --release -p strata-backend-cpu --test model_ops
+/// attention_rows_cost -- --ignored --nocapture` prints the CPU time of a 5-row window's
+/// attention over 30 layers of SmolLM2-shaped caches at depth 1,100 (1 thread), as one
+/// attention_rows launch per layer and as 5 one-token launches per layer.
+#[test]
+#[ignore]
+fn attention_rows_cost() {
+    let d = dev(1);
+    let mut rng = Rng::new(5);
+    let c = Case {
+        n_head: 9,
+        n_kv_head: 3,
+        head_dim: 64,
+        pos: (1100..1105).collect(),
+    };
+    let layers: Vec<Bufs> = (0..30).map(|_| setup(&d, &c, &mut rng)).collect();
+    let len = 5 * 9 * 64;
+    let out = d.alloc::<f32>(len).unwrap();
+    for round in 0..3 {
+        for rows in [true, false] {
+            let c0 = cpu_s();
+            for _ in 0..20 {
+                for b in &layers {
+                    if rows {
+                        attend(&d, KernelId::AttentionRows, &c, b, &out, 0, 5);
+                    } else {
+                        for t in 0..5 {
+                            attend(&d, KernelId::Attention, &c, b, &out, t, 1);
+                        }
+                    }
+                }
+                d.synchronize().unwrap();
+            }
+            let ms = (cpu_s() - c0) * 1e3 / 20.0;
+            let what = if rows {
+                "attention_rows"
+            } else {
+                "5 one-token launches"
+            };
+            eprintln!("round {round}: {what}: {ms:.2} ms per window (30 layers)");
+        }
+    }
+}

@@ -134,7 +134,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_args.batch,
             loaded.kv,
         )?;
-        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
+        ctx.set_micro_batch(model_args.micro_batch(&loaded));
         ctx.set_graphs(!args.no_graphs);
         experts::attach(&mut ctx, &loaded.experts);
         args.kv_grow.apply(&mut ctx, &model_args.experts)?;

@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.model.batch,
         loaded.kv,
     )?;
-    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
+    ctx.set_micro_batch(args.model.micro_batch(&loaded));
     experts::attach(&mut ctx, &loaded.experts);
     args.kv_grow.apply(&mut ctx, &args.model.experts)?;
     let mut turns: Vec<(String, String)> = Vec::new();

@@ -32,24 +32,41 @@ pub struct ModelArgs {
     /// Most tokens fed per forward pass.
     #[arg(long = "batch", short = 'b', default_value_t = 512)]
     pub batch: u32,
-    /// Most tokens per forward pass within a batch (default: 192 on the CPU, whose
-    /// resident scratch grows with it; the whole batch elsewhere). Same results.
+    /// Most tokens per forward pass within a batch (default on the CPU, whose resident
+    /// scratch grows with it: 64 for a dense model, more for an MoE one whose experts
+    /// each see a part of the pass, at most 192; the whole batch elsewhere). Same results.
     #[arg(long = "ubatch")]
     pub ubatch: Option<u32>,
     #[command(flatten)]
     pub experts: super::experts::ExpertArgs,
 }
 
-/// The CPU's default micro-batch: 192 tokens of scratch (SmolLM2: 7 MB, the synthetic
-/// qwen3moe bench file: 14 MB; a full 512-token batch took 21 and 37 MB). Smaller pieces
-/// re-read the weights more often: MoE prefill was 4% slower at 256, 8% at 128.
-const CPU_UBATCH: u32 = 192;
+/// The CPU's default micro-batch gives every weight matrix about this many tokens a pass:
+/// a dense model's matrices each see the whole pass, an MoE expert about used / experts
+/// of it. SmolLM2's prefill took the same CPU time in passes of 32 to 192 tokens, while
+/// its resident scratch grows ~36 KB a token (6 MB at 192, beside a 98 MB file).
+const CPU_TOKENS_PER_MATRIX: u32 = 64;
+
+/// The CPU's largest default micro-batch: MoE prefill was 4% slower at 256 and 8% at
+/// 128 than whole 512-token batches (synthetic qwen3moe bench file, 24 tokens an expert
+/// at 192; its scratch ~70 KB a token).
+const CPU_MAX_UBATCH: u32 = 192;
 
 impl ModelArgs {
-    /// The micro-batch of contexts on `dev`: `--ubatch`, else the backend's default.
-    pub fn micro_batch(&self, dev: &Device) -> u32 {
-        self.ubatch.unwrap_or(match dev.info().backend {
-            strata_core::BackendKind::Cpu => CPU_UBATCH,
+    /// The micro-batch of contexts of `loaded`: `--ubatch`, else the backend's default.
+    pub fn micro_batch(&self, loaded: &Loaded) -> u32 {
+        self.ubatch.unwrap_or(match loaded.dev.info().backend {
+            strata_core::BackendKind::Cpu => {
+                let spread = loaded
+                    .model
+                    .hp
+                    .moe
+                    .as_ref()
+                    .map_or(1, |m| m.n_expert / m.n_expert_used.max(1));
+                CPU_TOKENS_PER_MATRIX
+                    .saturating_mul(spread.max(1))
+                    .min(CPU_MAX_UBATCH)
+            }
             _ => self.batch,
         })
     }

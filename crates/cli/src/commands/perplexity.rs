@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         model_args.batch,
         loaded.kv,
     )?;
-    ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
+    ctx.set_micro_batch(model_args.micro_batch(&loaded));
     experts::attach(&mut ctx, &loaded.experts);
     let opts = PerplexityOptions {
         n_ctx: n_ctx as usize,

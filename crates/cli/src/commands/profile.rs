@@ -93,7 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             model_args.batch,
             loaded.kv,
         )?;
-        ctx.set_micro_batch(model_args.micro_batch(&loaded.dev));
+        ctx.set_micro_batch(model_args.micro_batch(&loaded));
         ctx.set_expert_cache(Some(cache.clone()));
         let g = generate(&mut ctx, &loaded.tokenizer, &toks, &params, |_| true)?;
         tokens_seen += (toks.len() + g.tokens.len()) as u64;

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(o) => Context::with_kv_grow(model, dev, n_ctx, batch, loaded.kv, o)?,
         None => Context::with_kv(model, dev, n_ctx, batch, loaded.kv)?,
     };
-    ctx.set_micro_batch(args.model.micro_batch(&loaded.dev));
+    ctx.set_micro_batch(args.model.micro_batch(&loaded));
     experts::attach(&mut ctx, &loaded.experts);
     let params = GenerateParams {
         max_tokens: args.n_predict,

@@ -86,7 +86,7 @@ impl BpeModel {
                 .or_else(|| extra_symbols.get(s.as_bytes()).copied());
         }
         Ok(Self {
-            pretokenizer: PreTokenizer::new(pre.regexes)?,
+            pretokenizer: PreTokenizer::new(pre.regexes),
             byte_level,
             merges: table,
             n_vocab,

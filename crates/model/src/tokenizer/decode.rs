@@ -80,7 +80,10 @@ impl Tokenizer {
     /// unknown tokens are empty unless `special`; up to `lstrip` leading spaces
     /// are dropped. An id outside the vocabulary gives an empty piece.
     pub fn token_to_piece(&self, id: TokenId, lstrip: usize, special: bool) -> &[u8] {
-        let Some(piece) = self.pieces.get_bytes(id as usize) else {
+        let pieces = self
+            .pieces
+            .get_or_init(|| build_piece_cache(&self.vocab, self.kind()));
+        let Some(piece) = pieces.get_bytes(id as usize) else {
             return &[];
         };
         if !special && self.vocab.attrs[id as usize] & (attr::UNKNOWN | attr::CONTROL) != 0 {

@@ -40,8 +40,9 @@ pub struct Tokenizer {
     matcher: SpecialMatcher,
     /// Special tokens found in text even without `parse_special` (user-defined ones).
     user_defined_by_length: Vec<TokenId>,
-    /// Each token's text as it is printed (`token_to_piece`), in one buffer.
-    pieces: strata_gguf::StringArray,
+    /// Each token's text as it is printed (`token_to_piece`), in one buffer, built on
+    /// first use: a model loaded to be benchmarked, or served token ids, never decodes.
+    pieces: std::sync::OnceLock<strata_gguf::StringArray>,
     add_bos: bool,
     add_eos: bool,
     add_space_prefix: bool,
@@ -108,13 +109,12 @@ impl Tokenizer {
             .copied()
             .filter(|&id| vocab.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) == 0)
             .collect();
-        let pieces = decode::build_piece_cache(&vocab, kind);
         Ok(Self {
             vocab,
             model,
             matcher,
             user_defined_by_length,
-            pieces,
+            pieces: std::sync::OnceLock::new(),
             add_bos,
             add_eos,
             add_space_prefix: spec.add_space_prefix.unwrap_or(add_space_prefix_default),

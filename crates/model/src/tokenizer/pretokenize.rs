@@ -2,6 +2,7 @@
 //! byte-to-character mapping.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use fancy_regex::Regex;
 
@@ -15,15 +16,26 @@ enum Step {
     DigitGroups,
 }
 
-/// Compiled steps of one pre-tokenizer.
+/// The steps of one pre-tokenizer, compiled on first use: a model loaded to be
+/// benchmarked, or served token ids, never pays for the regex engine (its automata, and
+/// the code and Unicode tables compiling them touches: ~1.5 MB of resident memory).
 pub(crate) struct PreTokenizer {
-    steps: Vec<Step>,
+    list: RegexList,
+    steps: OnceLock<Result<Vec<Step>, TokenizerError>>,
 }
 
 impl PreTokenizer {
-    pub(crate) fn new(list: RegexList) -> Result<Self, TokenizerError> {
-        let steps = list
-            .iter()
+    /// The pre-tokenizer of `list`, compiled when it first splits a text (every table
+    /// entry compiles: tested below).
+    pub(crate) fn new(list: RegexList) -> Self {
+        Self {
+            list,
+            steps: OnceLock::new(),
+        }
+    }
+
+    fn compile(list: RegexList) -> Result<Vec<Step>, TokenizerError> {
+        list.iter()
             .map(|p| {
                 if *p == AFMOE_DIGITS {
                     return Ok(Step::DigitGroups);
@@ -35,8 +47,20 @@ impl PreTokenizer {
                         reason: e.to_string(),
                     })
             })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { steps })
+            .collect()
+    }
+
+    fn steps(&self) -> Result<&[Step], TokenizerError> {
+        match self.steps.get_or_init(|| Self::compile(self.list)) {
+            Ok(steps) => Ok(steps),
+            Err(TokenizerError::BadRegex { pattern, reason }) => Err(TokenizerError::BadRegex {
+                pattern: pattern.clone(),
+                reason: reason.clone(),
+            }),
+            Err(e) => Err(TokenizerError::BadVocab {
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// Byte ranges of the words of `text`. Each regex runs on every piece left
@@ -47,7 +71,7 @@ impl PreTokenizer {
             start: 0,
             end: text.len(),
         }];
-        for step in &self.steps {
+        for step in self.steps()? {
             let mut next = Vec::with_capacity(pieces.len() * 2);
             for piece in pieces {
                 match step {
@@ -207,7 +231,7 @@ mod tests {
     #[test]
     fn every_table_regex_compiles() {
         for d in super::super::pre_table::all_defs() {
-            PreTokenizer::new(d.regexes).unwrap();
+            PreTokenizer::compile(d.regexes).unwrap();
         }
     }
 }

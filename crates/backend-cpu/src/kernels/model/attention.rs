@@ -269,11 +269,8 @@ fn attention_window(
             }
             for (o, r) in buf.chunks_exact(hd).zip(r0..r1) {
                 let (t, h) = head(r);
-                let base = (t * s.n_head + h) * hd;
-                for (i, &x) in o.iter().enumerate() {
-                    // SAFETY: each (token, head) row belongs to exactly one item.
-                    unsafe { dst.write(base + i, x) };
-                }
+                // SAFETY: each (token, head) row belongs to exactly one item.
+                unsafe { dst.write_slice((t * s.n_head + h) * hd, o) };
             }
         });
     });

@@ -95,17 +95,18 @@ pub fn attend(
     if end > kv.k.len() || end > kv.v.len() {
         return false;
     }
-    scratch.q.clear();
+    // Only the first nq queries are read, and every score row below span_max is written
+    // before it is read: the scratch is not cleared.
     scratch.q.resize(MAX_QUERIES * hd, 0.0);
     for (dst, q) in scratch.q.chunks_exact_mut(hd).zip(queries) {
-        // As ggml converts a query for an f16 key cache.
-        for (d, &x) in dst.iter_mut().zip(q.iter()) {
-            *d = half::f16::from_f32(x).to_f32();
-        }
+        // As ggml converts a query for an f16 key cache (F16C: as `half` rounds).
+        dst.copy_from_slice(q);
+        super::decode::scale_round_f16(dst, 1.0);
     }
     let padded = span_max.next_multiple_of(16);
-    scratch.p.clear();
-    scratch.p.resize(padded * MAX_QUERIES, f32::NEG_INFINITY);
+    if scratch.p.len() < padded * MAX_QUERIES {
+        scratch.p.resize(padded * MAX_QUERIES, 0.0);
+    }
     let mut sp = [0usize; MAX_QUERIES];
     sp[..nq].copy_from_slice(spans);
     #[cfg(target_arch = "x86_64")]
@@ -156,18 +157,20 @@ mod x86 {
             }
         }
         // A query's rows past its own span are masked, as its padded softmax row has them.
+        let p = &mut s.p[..span_max.next_multiple_of(16) * MAX_QUERIES];
+        p[span_max * MAX_QUERIES..].fill(f32::NEG_INFINITY);
         for (q, &span) in spans[..nq].iter().enumerate() {
             for j in span..span_max {
-                s.p[j * MAX_QUERIES + q] = f32::NEG_INFINITY;
+                p[j * MAX_QUERIES + q] = f32::NEG_INFINITY;
             }
         }
-        softmax(&mut s.p);
+        softmax(p);
         let span_min = spans[..nq].iter().copied().min().unwrap_or(0);
         let ws = WeightedSum {
             v,
             stride: kv.stride,
             hd,
-            p: &s.p,
+            p,
             spans,
             span_min,
             span_max,
@@ -187,12 +190,84 @@ mod x86 {
         }
     }
 
-    /// `p[j * 8 + i] = scale * (query i · key row j)` for rows `0..rows`, each product
-    /// summed as simd.rs's `SumOrder::Single` (STEPS = head_dim / 64 FMA steps per lane).
+    /// The 16 lane sums decode reduces for one query against one widened key row: lanes
+    /// 0..8 are its `lo` ((a0 + a4) + (a2 + a6) of its 8-lane accumulators, each a chain
+    /// of STEPS FMAs from zero), lanes 8..16 its `hi`.
     ///
     /// # Safety
-    /// Rows `0..rows` at `k` (`stride` apart) hold `64 * STEPS` readable values; `q` holds
-    /// 8 queries of `64 * STEPS`; `p` holds `8 * rows` values.
+    /// `q` points at `64 * STEPS` readable values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn lanes<const STEPS: usize>(q: *const f32, kw: &[[__m512; 4]; STEPS]) -> __m512 {
+        // SAFETY: the caller's contract.
+        let ld = |st: usize, c: usize| unsafe { _mm512_loadu_ps(q.add(64 * st + 16 * c)) };
+        let mut a: [__m512; 4] = std::array::from_fn(|c| _mm512_mul_ps(ld(0, c), kw[0][c]));
+        for (st, ks) in kw.iter().enumerate().skip(1) {
+            for (c, ac) in a.iter_mut().enumerate() {
+                *ac = _mm512_fmadd_ps(ld(st, c), ks[c], *ac);
+            }
+        }
+        _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+    }
+
+    /// Key row `j` widened.
+    ///
+    /// # Safety
+    /// Row `j` at `k` (`stride` apart) holds `64 * STEPS` readable values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn key<const STEPS: usize>(
+        k: *const u16,
+        stride: usize,
+        j: usize,
+    ) -> [[__m512; 4]; STEPS] {
+        // SAFETY: the caller's contract.
+        std::array::from_fn(|st| {
+            std::array::from_fn(|i| unsafe { load16(k.add(j * stride + 64 * st + 16 * i)) })
+        })
+    }
+
+    /// The first steps of decode's lane tree for 8 queries at once: `t3 = hi + lo` (8
+    /// lanes), then `t6` = the two 4-lane halves of t3 added; block i of the result is
+    /// query i's t6 (`x[0..4]`) and of the second result query 4 + i's.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn t6(x: &[__m512; MAX_QUERIES]) -> (__m512, __m512) {
+        let pair = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            )
+        };
+        // pair(x0, x1) = [t3 of x0 (2 blocks), t3 of x1 (2 blocks)].
+        let c: [__m512; 4] = std::array::from_fn(|i| pair(x[2 * i], x[2 * i + 1]));
+        let quad = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        };
+        (quad(c[0], c[1]), quad(c[2], c[3]))
+    }
+
+    /// Block i: `[t8 of query i (2 lanes), t8 of query 4 + i (2 lanes)]`, t8 = (t6[0] +
+    /// t6[2], t6[1] + t6[3]).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn t8(e: (__m512, __m512)) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(e.0, e.1),
+            _mm512_shuffle_ps::<0xEE>(e.0, e.1),
+        )
+    }
+
+    /// `p[j * 8 + i] = scale * (query i · key row j)` for rows `0..rows`, each product
+    /// summed as simd.rs's `SumOrder::Single` (STEPS = head_dim / 64 FMA steps per lane),
+    /// two rows at a time (each query loaded once for both).
+    ///
+    /// # Safety
+    /// Rows `0..rows` at `k` and `v` (`stride` apart) hold `64 * STEPS` readable values;
+    /// `q` holds 8 queries of `64 * STEPS`; `p` holds `8 * rows` values.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn scores<const STEPS: usize>(
@@ -208,63 +283,57 @@ mod x86 {
         let hd = 64 * STEPS;
         let qp = q.as_ptr();
         let sc = _mm512_set1_ps(scale);
-        // Where the reduction leaves query i's score (below).
-        let gather = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-        for j in 0..rows {
-            // The weighted sum reads V rows 64 apart (slot chains), which the hardware
-            // does not prefetch; ask for each row's head here, in row order.
+        // Where the reductions below leave (row r, query i): lane 4 (i % 4) + 2r + i / 4
+        // of two rows, lane 4 (i % 4) + 2 (i / 4) of one.
+        let two = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let one = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+        // The weighted sum reads V rows 64 apart (slot chains), which the hardware does
+        // not prefetch; ask for each row's head here, in row order.
+        let prefetch_v = |j: usize| {
             for line in (0..hd).step_by(32) {
                 _mm_prefetch::<_MM_HINT_T1>(v.wrapping_add(j * stride + line).cast());
             }
-            // SAFETY: row j < rows holds hd values (the caller's contract).
-            let kw: [[__m512; 4]; STEPS] = std::array::from_fn(|st| {
-                std::array::from_fn(|i| unsafe { load16(k.add(j * stride + 64 * st + 16 * i)) })
-            });
-            // Per query, the 16 lane sums decode reduces: lanes 0..8 are its `lo`
-            // ((a0 + a4) + (a2 + a6) of its 8-lane accumulators), lanes 8..16 its `hi`.
+        };
+        let mut j = 0;
+        while j + 2 <= rows {
+            prefetch_v(j);
+            prefetch_v(j + 1);
+            // SAFETY: rows j, j + 1 < rows (the caller's contract); query i < 8 holds hd
+            // values.
+            let (k0, k1) = unsafe { (key::<STEPS>(k, stride, j), key::<STEPS>(k, stride, j + 1)) };
+            let mut x0 = [_mm512_setzero_ps(); MAX_QUERIES];
+            let mut x1 = [_mm512_setzero_ps(); MAX_QUERIES];
+            for i in 0..nq {
+                // SAFETY: as above.
+                unsafe {
+                    x0[i] = lanes::<STEPS>(qp.add(i * hd), &k0);
+                    x1[i] = lanes::<STEPS>(qp.add(i * hd), &k1);
+                }
+            }
+            let (g0, g1) = (t8(t6(&x0)), t8(t6(&x1)));
+            // Block i: [row j query i, row j query 4 + i, row j + 1 query i, ...], each
+            // t8[0] + t8[1].
+            let h = _mm512_add_ps(
+                _mm512_shuffle_ps::<0x88>(g0, g1),
+                _mm512_shuffle_ps::<0xDD>(g0, g1),
+            );
+            let sums = _mm512_permutexvar_ps(two, _mm512_mul_ps(h, sc));
+            // SAFETY: p holds 8 * rows values.
+            unsafe { _mm512_storeu_ps(p.as_mut_ptr().add(j * MAX_QUERIES), sums) };
+            j += 2;
+        }
+        if j < rows {
+            prefetch_v(j);
+            // SAFETY: as above, for row j.
+            let k0 = unsafe { key::<STEPS>(k, stride, j) };
             let mut x = [_mm512_setzero_ps(); MAX_QUERIES];
             for (i, xi) in x[..nq].iter_mut().enumerate() {
-                // SAFETY: query i < 8 holds hd values.
-                let ld = |st: usize, c: usize| unsafe {
-                    _mm512_loadu_ps(qp.add(i * hd + 64 * st + 16 * c))
-                };
-                let mut a: [__m512; 4] = std::array::from_fn(|c| _mm512_mul_ps(ld(0, c), kw[0][c]));
-                for (st, ks) in kw.iter().enumerate().skip(1) {
-                    for (c, ac) in a.iter_mut().enumerate() {
-                        *ac = _mm512_fmadd_ps(ld(st, c), ks[c], *ac);
-                    }
-                }
-                *xi = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+                // SAFETY: as above.
+                *xi = unsafe { lanes::<STEPS>(qp.add(i * hd), &k0) };
             }
-            // The lane tree of 8 queries at once: t3 = hi + lo (8 lanes), t6 = the two
-            // 4-lane halves of t3 added, then (t6[0] + t6[2]) + (t6[1] + t6[3]).
-            let pair = |a: __m512, b: __m512| {
-                _mm512_add_ps(
-                    _mm512_shuffle_f32x4::<0x44>(a, b),
-                    _mm512_shuffle_f32x4::<0xEE>(a, b),
-                )
-            };
-            let (c01, c23, c45, c67) = (
-                pair(x[0], x[1]),
-                pair(x[2], x[3]),
-                pair(x[4], x[5]),
-                pair(x[6], x[7]),
-            );
-            // c01 = [t3 of x0 (2 blocks), t3 of x1]; quad: block i = t6 of query i.
-            let quad = |a: __m512, b: __m512| {
-                _mm512_add_ps(
-                    _mm512_shuffle_f32x4::<0x88>(a, b),
-                    _mm512_shuffle_f32x4::<0xDD>(a, b),
-                )
-            };
-            let (e0, e1) = (quad(c01, c23), quad(c45, c67));
-            // Block i: [t8 of query i (2 lanes), t8 of query 4 + i].
-            let g = _mm512_add_ps(
-                _mm512_shuffle_ps::<0x44>(e0, e1),
-                _mm512_shuffle_ps::<0xEE>(e0, e1),
-            );
+            let g = t8(t6(&x));
             let h = _mm512_add_ps(g, _mm512_permute_ps::<0xB1>(g));
-            let sums = _mm512_permutexvar_ps(gather, _mm512_mul_ps(h, sc));
+            let sums = _mm512_permutexvar_ps(one, _mm512_mul_ps(h, sc));
             // SAFETY: p holds 8 * rows values.
             unsafe {
                 _mm256_storeu_ps(

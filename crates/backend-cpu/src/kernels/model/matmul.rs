@@ -217,12 +217,19 @@ impl Gemm<'_> {
         let Some(panel) = small::Panel::new(self.f.ty, self.k, &acts) else {
             return false;
         };
+        // Blocks of weight rows, each column's outputs for a block written as one slice.
+        const BLOCK: usize = 64;
         let rb = self.f.row_bytes;
-        let mut out = [0f32; small::MAX_ROWS];
-        for r in r0..r1 {
-            panel.dot(&p.w[r * rb..(r + 1) * rb], &mut out);
-            for (&(_, oi), &v) in cols.iter().zip(&out) {
-                self.put(oi, r, v);
+        let mut out = [0f32; small::MAX_ROWS * BLOCK];
+        for b0 in (r0..r1).step_by(BLOCK) {
+            let b1 = (b0 + BLOCK).min(r1);
+            panel.dot_rows(&p.w[b0 * rb..b1 * rb], rb, b1 - b0, &mut out, BLOCK);
+            for (c, &(_, oi)) in cols.iter().enumerate() {
+                // SAFETY: as `put`: these (output row, weight row) pairs are this task's.
+                unsafe {
+                    self.y
+                        .write_slice(oi * self.m + b0, &out[c * BLOCK..][..b1 - b0])
+                };
             }
         }
         true

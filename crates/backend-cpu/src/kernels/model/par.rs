@@ -185,4 +185,26 @@ impl<'a, T> DisjointOut<'a, T> {
         // this was made from stays borrowed for 'a.
         unsafe { self.ptr.add(index).write(value) }
     }
+
+    /// Writes `values` at `index..index + values.len()`.
+    ///
+    /// # Safety
+    /// No other task may read or write those indices while the output is shared.
+    #[inline]
+    pub unsafe fn write_slice(&self, index: usize, values: &[T])
+    where
+        T: Copy,
+    {
+        assert!(
+            index
+                .checked_add(values.len())
+                .is_some_and(|end| end <= self.len),
+            "DisjointOut range {index}+{} > {}",
+            values.len(),
+            self.len
+        );
+        // SAFETY: in bounds (asserted); exclusive per the caller's contract; `values`
+        // cannot overlap the output, which is borrowed mutably for 'a.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(index), values.len()) }
+    }
 }

@@ -108,6 +108,7 @@ impl Panel {
 
     /// `out[c] = vec_dot(k, row, act c)` for every row `c` of the panel (`out` holds at
     /// least [`Panel::rows`] values).
+    #[cfg(test)]
     pub fn dot(&self, row: &[u8], out: &mut [f32]) {
         let xb = match self.ty {
             QuantType::Q4_1 => 20,
@@ -118,7 +119,36 @@ impl Panel {
             "panel: weight row or output too short"
         );
         #[cfg(target_arch = "x86_64")]
-        avx512::dot(self, row, out);
+        avx512::dot(self, row, 1, 0, out, 1);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("panels are only made where the kernel exists");
+    }
+
+    /// [`Panel::dot`] for `rows` consecutive weight rows of `row_bytes` each at `w`:
+    /// `out[c * stride + i] = vec_dot(k, weight row i, act c)` (one call for a block of
+    /// rows, so a verify window's outputs go out a row block at a time, not value by
+    /// value).
+    pub fn dot_rows(
+        &self,
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        let xb = match self.ty {
+            QuantType::Q4_1 => 20,
+            _ => 34,
+        };
+        assert!(
+            row_bytes >= self.nb * xb
+                && w.len() >= rows * row_bytes
+                && stride >= rows
+                && (rows == 0 || out.len() >= (self.n - 1) * stride + rows),
+            "panel: weight rows or output too short"
+        );
+        #[cfg(target_arch = "x86_64")]
+        avx512::dot(self, w, rows, row_bytes, out, stride);
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("panels are only made where the kernel exists");
     }
@@ -168,23 +198,32 @@ mod avx512 {
         (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
     }
 
-    pub(super) fn dot(p: &Panel, row: &[u8], out: &mut [f32]) {
+    /// Weight rows `0..rows` at `w` (`row_bytes` apart) against the panel, row i's
+    /// result for activation row c into `out[c * stride + i]`.
+    pub(super) fn dot(
+        p: &Panel,
+        w: &[u8],
+        rows: usize,
+        row_bytes: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
         macro_rules! by_rows {
             ($f:ident) => {
                 match p.n {
-                    2 => $f::<2>(p, row, out),
-                    3 => $f::<3>(p, row, out),
-                    4 => $f::<4>(p, row, out),
-                    5 => $f::<5>(p, row, out),
-                    6 => $f::<6>(p, row, out),
-                    7 => $f::<7>(p, row, out),
-                    _ => $f::<8>(p, row, out),
+                    2 => $f::<2>(p, w, rows, row_bytes, out, stride),
+                    3 => $f::<3>(p, w, rows, row_bytes, out, stride),
+                    4 => $f::<4>(p, w, rows, row_bytes, out, stride),
+                    5 => $f::<5>(p, w, rows, row_bytes, out, stride),
+                    6 => $f::<6>(p, w, rows, row_bytes, out, stride),
+                    7 => $f::<7>(p, w, rows, row_bytes, out, stride),
+                    _ => $f::<8>(p, w, rows, row_bytes, out, stride),
                 }
             };
         }
         // SAFETY: `Panel::new` made this panel only on a CPU with AVX2, FMA, F16C and
-        // AVX-512 VNNI + VL; `Panel::dot` checked the row and output lengths, and the
-        // panel's arrays hold nb blocks of n rows.
+        // AVX-512 VNNI + VL; `Panel::dot`/`dot_rows` checked the rows and the output
+        // lengths, and the panel's arrays hold nb blocks of n rows.
         unsafe {
             match p.ty {
                 QuantType::Q4_1 => by_rows!(q4_1),
@@ -193,9 +232,26 @@ mod avx512 {
         }
     }
 
-    /// Q4_1 weights against N Q8_1 rows.
+    /// Q4_1 weights against N Q8_1 rows: weight row i into `out[c * stride + i]`.
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    unsafe fn q4_1<const N: usize>(p: &Panel, row: &[u8], out: &mut [f32]) {
+    unsafe fn q4_1<const N: usize>(
+        p: &Panel,
+        w: &[u8],
+        rows: usize,
+        row_bytes: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for r in 0..rows {
+            // SAFETY: the caller checked rows * row_bytes bytes at w and the output.
+            unsafe { q4_1_row::<N>(p, &w[r * row_bytes..], &mut out[r..], stride) };
+        }
+    }
+
+    /// One weight row of [`q4_1`], into `out[c * stride]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    unsafe fn q4_1_row<const N: usize>(p: &Panel, row: &[u8], out: &mut [f32], stride: usize) {
         let mut acc = [_mm256_setzero_ps(); N];
         let mut mins = _mm256_setzero_ps();
         let (x, qs, d, s) = (row.as_ptr(), p.qs.as_ptr(), p.d.as_ptr(), p.s.as_ptr());
@@ -223,13 +279,30 @@ mod avx512 {
         // SAFETY: m holds 8 f32.
         unsafe { _mm256_storeu_ps(m.as_mut_ptr(), mins) };
         for c in 0..N {
-            out[c] = hsum_f32(acc[c]) + m[c];
+            out[c * stride] = hsum_f32(acc[c]) + m[c];
         }
     }
 
-    /// Q8_0 weights against N Q8_0 rows.
+    /// Q8_0 weights against N Q8_0 rows: weight row i into `out[c * stride + i]`.
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    unsafe fn q8_0<const N: usize>(p: &Panel, row: &[u8], out: &mut [f32]) {
+    unsafe fn q8_0<const N: usize>(
+        p: &Panel,
+        w: &[u8],
+        rows: usize,
+        row_bytes: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
+        for r in 0..rows {
+            // SAFETY: the caller checked rows * row_bytes bytes at w and the output.
+            unsafe { q8_0_row::<N>(p, &w[r * row_bytes..], &mut out[r..], stride) };
+        }
+    }
+
+    /// One weight row of [`q8_0`], into `out[c * stride]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    unsafe fn q8_0_row<const N: usize>(p: &Panel, row: &[u8], out: &mut [f32], stride: usize) {
         let mut acc = [_mm256_setzero_ps(); N];
         let (x, qs, d, st) = (row.as_ptr(), p.qs.as_ptr(), p.d.as_ptr(), p.start.as_ptr());
         let flip = _mm256_set1_epi8(i8::MIN);
@@ -255,7 +328,7 @@ mod avx512 {
             }
         }
         for c in 0..N {
-            out[c] = hsum_f32(acc[c]);
+            out[c * stride] = hsum_f32(acc[c]);
         }
     }
 }
@@ -343,6 +416,45 @@ mod tests {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A block of weight rows in one call lands at `out[c * stride + i]`, each value the
+    /// one-row result.
+    #[test]
+    fn row_blocks_equal_vec_dot_bit_for_bit() {
+        if !has_kernel(QuantType::Q8_0) {
+            eprintln!("no AVX-512 VNNI here: the small-batch kernels are not used");
+            return;
+        }
+        let mut rng = Rng(12);
+        for ty in [QuantType::Q4_1, QuantType::Q8_0] {
+            let dot = strata_quant::kernels(ty).unwrap().vec_dot;
+            let (k, n, rows, stride) = (576usize, 5usize, 11usize, 13usize);
+            let a: Vec<Vec<u8>> = (0..n).map(|_| acts(ty, k, 3.0, &mut rng)).collect();
+            let refs: Vec<&[u8]> = a.iter().map(Vec::as_slice).collect();
+            let panel = Panel::new(ty, k, &refs).unwrap();
+            let rb = ty.row_bytes(k).unwrap();
+            let w: Vec<u8> = (0..rows)
+                .flat_map(|_| weights(ty, k, 0.05, 0.05, &mut rng))
+                .collect();
+            let mut out = vec![f32::NAN; n * stride];
+            panel.dot_rows(&w, rb, rows, &mut out, stride);
+            for c in 0..n {
+                for i in 0..rows {
+                    let want = dot(k, &w[i * rb..(i + 1) * rb], &a[c]);
+                    assert_eq!(
+                        out[c * stride + i].to_bits(),
+                        want.to_bits(),
+                        "{ty:?} {c} {i}"
+                    );
+                }
+                assert!(
+                    out[c * stride + rows..(c + 1) * stride]
+                        .iter()
+                        .all(|v| v.is_nan())
+                );
             }
         }
     }
