@@ -69,6 +69,33 @@ fn warp_per_row(rows: usize) -> LaunchCfg {
     LaunchCfg::linear(rows * 32, BLOCK)
 }
 
+/// The head shape, norm flag and rope scalars that end qk_norm_rope_store's arguments (and
+/// mul_mat_qkv_rope's, which runs the same per-head code).
+pub(crate) fn head_rope_args<'a>(
+    args: Args<'a>,
+    shape: &QkvShape,
+    norm: bool,
+    eps: f32,
+    r: &Rope,
+) -> Args<'a> {
+    args.u32(shape.n_tokens)
+        .u32(shape.n_head)
+        .u32(shape.n_kv_head)
+        .u32(shape.head_dim)
+        .u32(shape.n_ctx)
+        .u32(norm as u32)
+        .f32(eps)
+        .u32(r.n_rot)
+        .u32(r.mode as u32)
+        .f32(r.freq_base)
+        .f32(r.freq_scale)
+        .f32(r.ext_factor)
+        .f32(r.attn_factor)
+        .f32(r.beta_fast)
+        .f32(r.beta_slow)
+        .u32(r.n_ctx_orig)
+}
+
 /// A device and the stream the forward pass runs on.
 #[derive(Clone, Copy)]
 pub struct Ops<'a> {
@@ -594,23 +621,8 @@ impl Ops<'_> {
             .read(pos)
             .write(q_out)
             .write(caches.0)
-            .write(caches.1)
-            .u32(shape.n_tokens)
-            .u32(shape.n_head)
-            .u32(shape.n_kv_head)
-            .u32(shape.head_dim)
-            .u32(shape.n_ctx)
-            .u32(norm.is_some() as u32)
-            .f32(eps)
-            .u32(r.n_rot)
-            .u32(r.mode as u32)
-            .f32(r.freq_base)
-            .f32(r.freq_scale)
-            .f32(r.ext_factor)
-            .f32(r.attn_factor)
-            .f32(r.beta_fast)
-            .f32(r.beta_slow)
-            .u32(r.n_ctx_orig);
+            .write(caches.1);
+        let args = head_rope_args(args, &shape, norm.is_some(), eps, r);
         // One warp per (token, head): q, k and v heads.
         let heads = shape.n_tokens as usize * (shape.n_head + 2 * shape.n_kv_head) as usize;
         self.launch_cfg(KernelId::QkNormRopeStore, warp_per_row(heads), args)

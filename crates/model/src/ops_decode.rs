@@ -254,23 +254,8 @@ impl Ops<'_> {
             .u32(wq.ty.id())
             .u32(wk.ty.id())
             .u32(wv.ty.id())
-            .u32(wq.k)
-            .u32(shape.n_tokens)
-            .u32(shape.n_head)
-            .u32(shape.n_kv_head)
-            .u32(shape.head_dim)
-            .u32(shape.n_ctx)
-            .u32(norm.is_some() as u32)
-            .f32(eps)
-            .u32(r.n_rot)
-            .u32(r.mode as u32)
-            .f32(r.freq_base)
-            .f32(r.freq_scale)
-            .f32(r.ext_factor)
-            .f32(r.attn_factor)
-            .f32(r.beta_fast)
-            .f32(r.beta_slow)
-            .u32(r.n_ctx_orig);
+            .u32(wq.k);
+        let args = crate::ops::head_rope_args(args, &shape, norm.is_some(), eps, r);
         // mul_mat_qkv's shape: a unit of 8 rows per 128-thread block.
         let units: usize = [wq.m, wk.m, wv.m]
             .iter()
