@@ -91,7 +91,7 @@ impl CudaBackend {
         };
         // From here on an error drops `backend`, which releases the context.
         backend.bind()?;
-        let table = KernelTable::load(props.cc, props.sm_count, opts.cache_dir.as_deref())?;
+        let table = KernelTable::load(props.cc, opts.cache_dir.as_deref())?;
         backend.origins = table.origins.clone();
         for (m, o) in &backend.origins {
             tracing::debug!("cuda: kernel module {m}: {o:?}");
@@ -399,7 +399,7 @@ impl Backend for CudaBackend {
             site,
             reason,
         };
-        let (entry, variant) = self
+        let (entry, variant_smem) = self
             .kernels
             .as_ref()
             .and_then(|t| t.for_launch(kernel, args))
@@ -419,7 +419,7 @@ impl Backend for CudaBackend {
         self.bind()?;
         let s = self.stream(stream)?;
         let [gx, gy, gz] = cfg.grid;
-        let gx = entry.grid_x(gx.min(variant.max_blocks));
+        let gx = entry.grid_x(gx);
         let [bx, by, bz] = cfg.block;
         let timed = match &self.timing {
             Some(t) => t.start(s)?,
@@ -436,7 +436,7 @@ impl Backend for CudaBackend {
                 bx,
                 by,
                 bz,
-                cfg.shared_bytes.max(variant.shared_bytes),
+                cfg.shared_bytes.max(variant_smem),
                 s,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

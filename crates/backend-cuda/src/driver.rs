@@ -203,8 +203,6 @@ pub(crate) struct DeviceProps {
     pub name: String,
     pub total_memory: usize,
     pub cc: (u32, u32),
-    /// Streaming multiprocessors (sizes the grids of persistent-style variants).
-    pub sm_count: u32,
 }
 
 impl DeviceProps {
@@ -253,13 +251,11 @@ pub(crate) fn device_props(ordinal: usize) -> Result<DeviceProps, Error> {
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(DeviceProps {
             handle,
             name,
             total_memory: total,
             cc: (major, minor),
-            sm_count,
         })
     }
 }

@@ -64,38 +64,12 @@ impl KernelEntry {
 pub(crate) struct Variant {
     pub of: KernelId,
     pub func: &'static str,
-    /// `Some(how to launch it)` when the variant runs this launch, given the most dynamic
-    /// shared memory the kernel may have and the device's multiprocessors.
-    pub applies: fn(args: &[KernelArg], limits: Limits) -> Option<VariantLaunch>,
+    /// `Some(bytes of dynamic shared memory it needs)` when the variant runs this launch,
+    /// given the most the kernel may have (`limit`).
+    pub applies: fn(args: &[KernelArg], limit: u32) -> Option<u32>,
     /// Whether it may ask for more than the default 48 KiB (the limit is raised at load
     /// only for these: a raised limit can change the L1/shared split of every launch).
     pub large_smem: bool,
-}
-
-/// What a variant's launch may use.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    /// Dynamic shared memory one block may have (bytes).
-    pub shared_bytes: u32,
-    /// Streaming multiprocessors.
-    pub sms: u32,
-}
-
-/// How a variant launches: the dynamic shared memory it needs and the most blocks worth
-/// launching (its kernel takes units in grid-stride loops, so a smaller grid than the
-/// listed kernel's is as correct, and spares blocks that would find no unit).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct VariantLaunch {
-    pub shared_bytes: u32,
-    pub max_blocks: u32,
-}
-
-impl VariantLaunch {
-    /// The listed kernel's launch shape, no dynamic shared memory.
-    pub const PLAIN: Self = Self {
-        shared_bytes: 0,
-        max_blocks: u32::MAX,
-    };
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -118,9 +92,9 @@ const MMA_LIST_MAX: u64 = 8192;
 
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
-/// 16 or 8 that fits `limit` with `extra` bytes besides) and that token tile, or `None`
-/// for a format without a tensor-core path.
-fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<(u32, u32)> {
+/// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
+/// a tensor-core path.
+fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
     use strata_quant::QuantType;
     // kernels-cuda/quant.cuh's QUANT_FORMATS.
     const FORMATS: [QuantType; 18] = [
@@ -149,49 +123,7 @@ fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<(u32, u32
     [32u64, 16, 8].into_iter().find_map(|tokens| {
         // Weight rows; activation rows, their scales and sums; what the caller adds.
         let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
-        let bytes = u32::try_from(bytes).ok().filter(|&b| b <= limit)?;
-        Some((bytes, tokens as u32))
-    })
-}
-
-/// The dense tensor-core product: one block per (64 rows, token tile) unit.
-fn mma_dense_launch(a: &[KernelArg], limits: Limits) -> Option<VariantLaunch> {
-    let (ty, m, k, n) = (
-        u32_arg(a, 3)?,
-        u32_arg(a, 4)?,
-        u32_arg(a, 5)?,
-        u32_arg(a, 6)?,
-    );
-    if n < MMA_MIN_TOKENS {
-        return None;
-    }
-    let (shared_bytes, tokens) = mma_shared_bytes(ty, k, 0, limits.shared_bytes)?;
-    let units = u64::from(m.div_ceil(64)) * u64::from(n.div_ceil(tokens));
-    Some(VariantLaunch {
-        shared_bytes,
-        max_blocks: u32::try_from(units).unwrap_or(u32::MAX),
-    })
-}
-
-/// The grouped expert product: its units (routed experts x row tiles) are known only on
-/// the device, so two waves of blocks (as many as fit each multiprocessor) take them.
-fn mma_experts_launch(a: &[KernelArg], limits: Limits) -> Option<VariantLaunch> {
-    let (ty, k, n, used) = (
-        u32_arg(a, 4)?,
-        u32_arg(a, 6)?,
-        u32_arg(a, 7)?,
-        u32_arg(a, 8)?,
-    );
-    if n < MMA_EXPERTS_MIN_TOKENS {
-        return None;
-    }
-    // Room for the listed slots, 4 bytes each.
-    let list = (u64::from(n) * u64::from(used)).min(MMA_LIST_MAX) * 4;
-    let (shared_bytes, _) = mma_shared_bytes(ty, k, list, limits.shared_bytes)?;
-    let per_sm = (limits.shared_bytes / shared_bytes.max(1)).max(1);
-    Some(VariantLaunch {
-        shared_bytes,
-        max_blocks: limits.sms.max(1).saturating_mul(per_sm).saturating_mul(2),
+        u32::try_from(bytes).ok().filter(|&b| b <= limit)
     })
 }
 
@@ -202,34 +134,38 @@ pub(crate) const VARIANTS: &[Variant] = &[
     Variant {
         of: KernelId::MulMat,
         func: "mul_mat_vec",
-        applies: |a, _| {
-            u32_arg(a, 6)
-                .is_some_and(|n| n <= 1)
-                .then_some(VariantLaunch::PLAIN)
-        },
+        applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
         large_smem: false,
     },
     Variant {
         of: KernelId::MulMat,
         func: "mul_mat_mma",
-        applies: mma_dense_launch,
+        applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 5), u32_arg(a, 6)) {
+            (Some(ty), Some(k), Some(n)) if n >= MMA_MIN_TOKENS => {
+                mma_shared_bytes(ty, k, 0, limit)
+            }
+            _ => None,
+        },
         large_smem: true,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_vec",
-        applies: |a, _| {
-            u32_arg(a, 7)
-                .is_some_and(|n| n <= 2)
-                .then_some(VariantLaunch::PLAIN)
-        },
+        applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
         large_smem: false,
     },
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_mma",
-        applies: mma_experts_launch,
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 6), u32_arg(a, 7), u32_arg(a, 8)) {
+            (Some(ty), Some(k), Some(n), Some(used)) if n >= MMA_EXPERTS_MIN_TOKENS => {
+                // Room for the listed slots, 4 bytes each.
+                let list = (u64::from(n) * u64::from(used)).min(MMA_LIST_MAX) * 4;
+                mma_shared_bytes(ty, k, list, limit)
+            }
+            _ => None,
+        },
         large_smem: true,
     },
 ];
@@ -249,8 +185,6 @@ pub(crate) struct KernelTable {
     variants: Vec<(&'static Variant, KernelEntry)>,
     /// How each module was obtained, in `KERNEL_MODULES` order.
     pub origins: Vec<(&'static str, Origin)>,
-    /// The device's streaming multiprocessors.
-    sms: u32,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid on any thread
@@ -408,13 +342,12 @@ impl KernelTable {
     /// Builds the table; the device's context must be current on this thread. Every
     /// kernels-cuda/ module that defines a listed kernel is compiled and loaded; a kernel
     /// with no CUDA definition is left out (`supports` says false for it).
-    pub fn load(cc: (u32, u32), sms: u32, cache_root: Option<&Path>) -> Result<Self, Error> {
+    pub fn load(cc: (u32, u32), cache_root: Option<&Path>) -> Result<Self, Error> {
         let mut table = KernelTable {
             modules: Vec::new(),
             entries: Vec::with_capacity(KernelId::COUNT),
             variants: Vec::new(),
             origins: Vec::new(),
-            sms,
         };
         let mut loaded: Vec<(&'static str, sys::CUmodule)> = Vec::new();
         // On error `table` drops here and unloads what was loaded.
@@ -497,26 +430,16 @@ impl KernelTable {
         self.entries.get(id.index()).and_then(Option::as_ref)
     }
 
-    /// What a launch of `id` with `args` runs: a variant that applies (with how it
-    /// launches), else the kernel (as listed).
-    pub fn for_launch(
-        &self,
-        id: KernelId,
-        args: &[KernelArg],
-    ) -> Option<(&KernelEntry, VariantLaunch)> {
+    /// What a launch of `id` with `args` runs: a variant that applies (with the dynamic
+    /// shared memory it needs), else the kernel (with none).
+    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<(&KernelEntry, u32)> {
         // Only a defined kernel has variants (`supports` answers for the kernel).
         let kernel = self.get(id)?;
         self.variants
             .iter()
             .filter(|(v, _)| v.of == id)
-            .find_map(|(v, e)| {
-                let limits = Limits {
-                    shared_bytes: e.max_dynamic_smem,
-                    sms: self.sms,
-                };
-                (v.applies)(args, limits).map(|l| (e, l))
-            })
-            .or(Some((kernel, VariantLaunch::PLAIN)))
+            .find_map(|(v, e)| (v.applies)(args, e.max_dynamic_smem).map(|smem| (e, smem)))
+            .or(Some((kernel, 0)))
     }
 }
 
@@ -681,31 +604,20 @@ mod tests {
             ]
         };
         let v = VARIANTS.iter().find(|v| v.of == KernelId::MulMat).unwrap();
-        let lim = |shared_bytes| Limits {
-            shared_bytes,
-            sms: 132,
-        };
-        assert_eq!((v.applies)(&mul_mat(1), lim(0)), Some(VariantLaunch::PLAIN));
-        assert!((v.applies)(&mul_mat(8), lim(0)).is_none());
-        assert!((v.applies)(&mul_mat(1)[..6], lim(0)).is_none());
-        // Tensor cores for 16 tokens and more, when the tile fits the shared memory; one
-        // block per unit of 64 rows and a token tile.
+        assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
+        assert!((v.applies)(&mul_mat(8), 0).is_none());
+        assert!((v.applies)(&mul_mat(1)[..6], 0).is_none());
+        // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
         let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
-        assert!((mma.applies)(&mul_mat(8), lim(232_448)).is_none());
+        assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
         // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
         let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
-        let want = VariantLaunch {
-            shared_bytes: bytes,
-            max_blocks: 1, // 64 rows, 16 tokens
-        };
-        assert_eq!((mma.applies)(&mul_mat(16), lim(232_448)), Some(want));
-        // Less room: tiles of 16 tokens, 80 tokens in 5 of them.
-        let less = (mma.applies)(&mul_mat(80), lim(bytes - 1)).unwrap();
-        assert!(less.shared_bytes < bytes && less.max_blocks == 5);
-        assert!((mma.applies)(&mul_mat(16), lim(1000)).is_none());
+        assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
+        assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
+        assert!((mma.applies)(&mul_mat(16), 1000).is_none());
         let mut f16 = mul_mat(64);
         f16[3] = KernelArg::U32(1);
-        assert!((mma.applies)(&f16, lim(232_448)).is_none());
+        assert!((mma.applies)(&f16, 232_448).is_none());
     }
 
     #[test]
@@ -740,7 +652,6 @@ mod tests {
             entries: KernelId::ALL.iter().map(|_| entry()).collect(),
             variants: Vec::new(),
             origins: Vec::new(),
-            sms: 1,
         };
         table.skip_optional(Some(" mul_mat_qkv,rms_norm,,no_such_kernel"));
         assert!(table.get(KernelId::MulMatQkv).is_none());
