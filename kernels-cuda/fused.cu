@@ -344,19 +344,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         }
         return;
     }
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (n_expert + rows - 1) / rows;
-    uint64_t staged = ~(uint64_t)0;
-    MmUnit u = one_row_unit(type, n_expert, k);
-    u.w = w;
-    for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * groups; un += gridDim.x) {
-        const uint64_t t = un / groups;
-        u.x = x + t * k;
-        u.y = logits + t * n_expert;
-        u.r0 = (uint32_t)(un % groups) * rows;
-        u.act_key = t;
-        mv_unit(sh, type, u, staged);
-    }
+    mv_product(sh, type, w, x, logits, n_expert, k, n_tokens);
     if (!last_block(done)) return;
     const uint32_t warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     for (uint64_t t = warp; t < n_tokens; t += nwarps) {
@@ -382,19 +370,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         fill_nan(sum, (uint64_t)n * m);
         return fill_nan(y, (uint64_t)n * m);
     }
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
-    uint64_t staged = ~(uint64_t)0;
-    MmUnit u = one_row_unit(type, m, k);
-    u.w = wo;
-    for (uint64_t un = blockIdx.x; un < (uint64_t)n * groups; un += gridDim.x) {
-        const uint64_t t = un / groups;
-        u.x = x + t * k;
-        u.y = y0 + t * m;
-        u.r0 = (uint32_t)(un % groups) * rows;
-        u.act_key = t;
-        mv_unit(sh, type, u, staged);
-    }
+    mv_product(sh, type, wo, x, y0, m, k, n);
     if (!last_block(done)) return;
     for (uint64_t t = 0; t < n; t++) {
         const uint64_t o = t * m;

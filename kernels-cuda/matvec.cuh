@@ -18,6 +18,7 @@
 #include "common.cuh"
 #include "quant.cuh"
 #include "matmul.cuh"
+#include "slot_units.cuh"
 
 #define MV_ACT_VALUES 8192 // quantised activation values staged per block (longer rows in chunks)
 #define MV_ROWS 2          // weight rows per warp per unit (4 measured slower: fewer blocks, spills)
@@ -139,5 +140,26 @@ __device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUni
         QUANT_FORMATS(MV_CASE)
 #undef MV_CASE
         default: break;
+    }
+}
+
+// y = x · wᵀ for n activation rows (m weight rows of k values), a unit per (token, row
+// group) over the grid: mul_mat_vec's work, and the product part of the fused kernels
+// that end in a tail (router_matvec_topk, mul_mat_add_rms_norm), so they agree bit for bit.
+__device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const uint8_t* w,
+                                           const float* x, float* y, uint32_t m, uint32_t k,
+                                           uint64_t n) {
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = one_row_unit(type, m, k);
+    u.w = w;
+    for (uint64_t un = blockIdx.x; un < n * groups; un += gridDim.x) {
+        const uint64_t t = un / groups;
+        u.x = x + t * k;
+        u.y = y + t * m;
+        u.r0 = (uint32_t)(un % groups) * rows;
+        u.act_key = t;
+        mv_unit(sh, type, u, staged);
     }
 }

@@ -203,19 +203,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                 uint32_t k, uint32_t n) {
     __shared__ MvShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
-    uint64_t staged = ~(uint64_t)0;
-    MmUnit u = one_row_unit(type, m, k);
-    u.w = w;
-    for (uint64_t un = blockIdx.x; un < (uint64_t)n * groups; un += gridDim.x) {
-        const uint64_t t = un / groups;
-        u.x = x + t * k;
-        u.y = y + t * m;
-        u.r0 = (uint32_t)(un % groups) * rows;
-        u.act_key = t;
-        mv_unit(sh, type, u, staged);
-    }
+    mv_product(sh, type, w, x, y, m, k, n);
 }
 
 

@@ -57,11 +57,15 @@ fn mv_float_blocks(m: u32) -> LaunchCfg {
 
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
 fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
-    let threads = dim
-        .div_ceil(8)
-        .next_multiple_of(32)
-        .clamp(32, BLOCK as usize);
-    LaunchCfg::linear(rows.max(1) * threads, threads as u32)
+    let threads = row_block_threads(dim as u32);
+    LaunchCfg::linear(rows.max(1) * threads as usize, threads)
+}
+
+/// Threads of [`block_per_row`]'s blocks for rows of `dim` values. The fused products
+/// that end in a norm (ops_decode.rs) run blocks of this size so their last block
+/// normalises exactly as the separate norm kernels do.
+pub(crate) fn row_block_threads(dim: u32) -> u32 {
+    dim.div_ceil(8).next_multiple_of(32).clamp(32, BLOCK)
 }
 
 /// One 32-lane warp per row.
@@ -110,7 +114,7 @@ impl Ops<'_> {
     }
 
     #[track_caller]
-    fn launch_cfg(&self, k: KernelId, cfg: LaunchCfg, args: Args<'_>) -> Result<()> {
+    pub(crate) fn launch_cfg(&self, k: KernelId, cfg: LaunchCfg, args: Args<'_>) -> Result<()> {
         self.dev.launch(k, &cfg, &args, self.stream)
     }
 
@@ -285,11 +289,37 @@ impl Ops<'_> {
         n_ctx: u32,
         scale: f32,
     ) -> Result<()> {
+        let shape = (n_tokens, n_head, n_kv_head, head_dim, n_ctx);
+        self.attention_kernel(
+            KernelId::Attention,
+            q,
+            pos,
+            (k_cache, v_cache),
+            out,
+            shape,
+            scale,
+        )
+    }
+
+    /// `attention` or `attention_rows` (the same arguments) over `n_tokens` rows; `shape`
+    /// is (n_tokens, n_head, n_kv_head, head_dim, n_ctx).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_kernel(
+        &self,
+        kernel: KernelId,
+        q: &DeviceBuffer<f32>,
+        pos: &DeviceBuffer<i32>,
+        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        out: &DeviceBuffer<f32>,
+        shape: (u32, u32, u32, u32, u32),
+        scale: f32,
+    ) -> Result<()> {
+        let (n_tokens, n_head, n_kv_head, head_dim, n_ctx) = shape;
         let args = Args::new()
             .read(q)
             .read(pos)
-            .read(k_cache)
-            .read(v_cache)
+            .read(caches.0)
+            .read(caches.1)
             .write(out)
             .u32(n_tokens)
             .u32(n_head)
@@ -297,11 +327,7 @@ impl Ops<'_> {
             .u32(head_dim)
             .u32(n_ctx)
             .f32(scale);
-        self.launch_cfg(
-            KernelId::Attention,
-            blocks((n_tokens * n_head) as usize),
-            args,
-        )
+        self.launch_cfg(kernel, blocks((n_tokens * n_head) as usize), args)
     }
 
     /// [`Ops::attention`] with every row computed in the one-token summation order of
@@ -325,20 +351,17 @@ impl Ops<'_> {
         scale: f32,
     ) -> Result<()> {
         if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
-            let args = Args::new()
-                .read(q)
-                .read(pos)
-                .read(k_cache)
-                .read(v_cache)
-                .write(out)
-                .u32(n_tokens)
-                .u32(n_head)
-                .u32(n_kv_head)
-                .u32(head_dim)
-                .u32(n_ctx)
-                .f32(scale);
-            let cfg = blocks((n_tokens * n_head) as usize);
-            return self.launch_cfg(KernelId::AttentionRows, cfg, args);
+            let shape = (n_tokens, n_head, n_kv_head, head_dim, n_ctx);
+            let caches = (k_cache, v_cache);
+            return self.attention_kernel(
+                KernelId::AttentionRows,
+                q,
+                pos,
+                caches,
+                out,
+                shape,
+                scale,
+            );
         }
         let row = (n_head * head_dim) as usize;
         for t in 0..n_tokens as usize {

@@ -7,15 +7,8 @@ use strata_core::{Args, DeviceBuffer, KernelId, LaunchCfg, Result};
 use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
-use crate::ops::{Ops, QkvShape};
+use crate::ops::{Ops, QkvShape, row_block_threads};
 use crate::weights::{Experts, Matrix, Vector};
-
-/// Threads of the block that normalises a row of `dim` (ops.rs's block_per_row: about 8
-/// values a thread, 32 to 256): a product that ends in a norm runs blocks of this size, so
-/// that its last block normalises exactly as add_rms_norm / combine_add_rms_norm do.
-fn norm_threads(dim: u32) -> u32 {
-    (dim.div_ceil(8).next_multiple_of(32)).clamp(32, 256)
-}
 
 /// A launch of `units` matvec units of `m` rows each in blocks of `threads` (a unit is
 /// 2 rows a warp, up to 8 warps: kernels-cuda/matvec.cuh's mv_rows_per_unit).
@@ -88,8 +81,7 @@ impl Ops<'_> {
             .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
             .sum();
         let cfg = LaunchCfg::linear(units * n.max(1) as usize * 128, 128);
-        self.dev
-            .launch(KernelId::MulMatQkv, &cfg, &args, self.stream)
+        self.launch_cfg(KernelId::MulMatQkv, cfg, args)
     }
 
     /// `logits = x * router^T` for `n_tokens` rows of `x`, then [`Ops::router_topk`] of
@@ -127,8 +119,7 @@ impl Ops<'_> {
         let (rows, threads) = if float { (2, 32) } else { (MV_UNIT_ROWS, 128) };
         let blocks = (router.m as usize).div_ceil(rows) * n_tokens.max(1) as usize;
         let cfg = LaunchCfg::linear(blocks * threads as usize, threads);
-        self.dev
-            .launch(KernelId::RouterMatvecTopk, &cfg, &args, self.stream)
+        self.launch_cfg(KernelId::RouterMatvecTopk, cfg, args)
     }
 
     /// `y0 = x * w^T` for `n` rows, then [`Ops::add_rms_norm`]`(a, y0, sum, norm, y)`, in
@@ -161,9 +152,8 @@ impl Ops<'_> {
             .u32(w.k)
             .u32(n)
             .f32(eps);
-        let cfg = norm_product_cfg(w.m, n as usize, norm_threads(w.m));
-        self.dev
-            .launch(KernelId::MulMatAddRmsNorm, &cfg, &args, self.stream)
+        let cfg = norm_product_cfg(w.m, n as usize, row_block_threads(w.m));
+        self.launch_cfg(KernelId::MulMatAddRmsNorm, cfg, args)
     }
 
     /// The down projection of each (token, slot) (`x` per slot, `ys` out), then
@@ -206,9 +196,8 @@ impl Ops<'_> {
             .u64(w.expert_bytes)
             .f32(eps);
         let slots = (n_tokens * n_used) as usize;
-        let cfg = norm_product_cfg(w.m, slots, norm_threads(w.m));
-        self.dev
-            .launch(KernelId::ExpertsDownNorm, &cfg, &args, self.stream)
+        let cfg = norm_product_cfg(w.m, slots, row_block_threads(w.m));
+        self.launch_cfg(KernelId::ExpertsDownNorm, cfg, args)
     }
 
     /// [`Ops::mul_mat_qkv`] (q, k, v: `y`), then [`Ops::qk_norm_rope_store`] of them into
@@ -262,7 +251,6 @@ impl Ops<'_> {
             .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
             .sum();
         let cfg = LaunchCfg::linear(units * shape.n_tokens.max(1) as usize * 128, 128);
-        self.dev
-            .launch(KernelId::MulMatQkvRope, &cfg, &args, self.stream)
+        self.launch_cfg(KernelId::MulMatQkvRope, cfg, args)
     }
 }

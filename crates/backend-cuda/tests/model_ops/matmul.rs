@@ -297,8 +297,9 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
                 n_tokens
             };
             let x = activations(&mut rng, x_rows, k);
-            let run = |d: &Device| {
-                let (bw, bx, bi) = (upload(d, &w), upload(d, &x), upload(d, &ids));
+            // The product of `n_tokens` rows of x' (and their ids) on `d`.
+            let run = |d: &Device, x: &[f32], ids: &[i32], n_tokens: usize| {
+                let (bw, bx, bi) = (upload(d, &w), upload(d, x), upload(d, ids));
                 let by = d.alloc::<f32>(n_tokens * n_used * m).unwrap();
                 let args = Args::new()
                     .read(&bw)
@@ -320,7 +321,10 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
                 );
                 download(d, &by)
             };
-            let (cpu, gpu) = (run(&p.cpu), run(&p.gpu));
+            let (cpu, gpu) = (
+                run(&p.cpu, &x, &ids, n_tokens),
+                run(&p.gpu, &x, &ids, n_tokens),
+            );
             // The scale of output (t, j, r): expert ids[t][j]'s row r against x'.
             let mut mag = Vec::with_capacity(cpu.len());
             for (s, &e) in ids.iter().enumerate() {
@@ -333,30 +337,11 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
                 "mul_mat_experts {ty:?} {m}x{k} tokens {n_tokens} used {n_used} per_slot {per_slot}"
             );
             rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
-            if n_tokens >= 64 {
+            if n_tokens >= 64 && !per_slot {
                 // Each token alone (the one-token kernel) gives its rows bit for bit.
-                let d = &p.gpu;
-                let bw = upload(d, &w);
                 for t in [0usize, 33, 69] {
-                    let (bx, bi) = (
-                        upload(d, &x[t * k..(t + 1) * k]),
-                        upload(d, &ids[t * n_used..(t + 1) * n_used]),
-                    );
-                    let by = d.alloc::<f32>(n_used * m).unwrap();
-                    let args = Args::new()
-                        .read(&bw)
-                        .read(&bx)
-                        .read(&bi)
-                        .write(&by)
-                        .u32(ty.id())
-                        .u32(m as u32)
-                        .u32(k as u32)
-                        .u32(1)
-                        .u32(n_used as u32)
-                        .u32(0)
-                        .u64(expert_bytes as u64);
-                    launch(d, KernelId::MulMatExperts, &ops_cfg(n_used * m), &args);
-                    let alone = download(d, &by);
+                    let x_t = &x[t * k..(t + 1) * k];
+                    let alone = run(&p.gpu, x_t, &ids[t * n_used..(t + 1) * n_used], 1);
                     let slots = t * n_used * m..(t + 1) * n_used * m;
                     rep.exact(&format!("{what} token {t} alone"), &alone, &gpu[slots]);
                 }
