@@ -166,6 +166,26 @@ __device__ __forceinline__ float ld_f16(const uint8_t* p) { return f16_to_f32((u
 // a bad expert id), so the caller sees garbage loudly instead of plausible numbers.
 __device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
 
+// Programmatic dependent launch (sm_90): the backend launches a kernel whose body starts
+// with pdl_begin() so that it may be scheduled before the kernel ahead of it in the stream
+// has finished (crates/backend-cuda/src/kernels.rs finds these kernels in the sources).
+// pdl_begin() waits until the kernel before has finished and its writes are visible:
+// nothing before the wait may touch memory another kernel writes. The wait chains (a
+// kernel finishes only after its own wait), so every earlier kernel is done too. What it
+// buys: the next kernel is launched while this one drains, not after (a few µs a launch
+// in a decode graph). When the next kernel's blocks may be placed: once every block of
+// this one has started (strata_pdl_early_trigger, set by the backend at load), or as this
+// one's blocks exit (the default: early placement can pile one kernel's blocks onto the
+// few SMs that have room, and a thread-block cluster needs whole free GPC slices).
+__constant__ uint32_t strata_pdl_early_trigger;
+
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (strata_pdl_early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Grid-stride helpers: every kernel accepts any launch shape (core's callers use
 // LaunchCfg::linear(items, 256)); they only run faster with a shape that fits them.
 __device__ __forceinline__ uint64_t global_thread() {

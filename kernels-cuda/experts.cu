@@ -17,6 +17,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
     const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
     uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
+    pdl_begin();
     __shared__ MvShared sh;
     const uint64_t pairs = (uint64_t)n_tokens * n_used;
     if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
@@ -55,6 +56,7 @@ extern "C" __global__ void moe_combine_split(const float* y, const float* y_host
                                              const int32_t* host_row, const float* weights,
                                              float* out, uint32_t n_tokens, uint32_t n_used,
                                              uint32_t m) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_tokens * m;
     for (uint64_t it = global_thread(); it < n; it += global_threads()) {
         const uint64_t t = it / m, i = it % m;

@@ -37,6 +37,7 @@ __device__ __forceinline__ void add_rms_norm_row(Load load, const float* a, cons
 // sum = a + b; y = rms_norm(sum) · w   (add, then rms_norm)
 extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* sum, const float* w,
                                         float* y, uint32_t n_rows, uint32_t dim, float eps) {
+    pdl_begin();
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!fused_whole_warps()) {
@@ -79,6 +80,7 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
                                                 const float* res, float* sum, const float* w,
                                                 float* y, uint32_t n_tokens, uint32_t n_used,
                                                 uint32_t dim, float eps) {
+    pdl_begin();
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!fused_whole_warps()) {
@@ -178,6 +180,7 @@ extern "C" __global__ void qk_norm_rope_store(
     uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, uint32_t norm,
     float eps, uint32_t n_rot, uint32_t mode, float freq_base, float freq_scale,
     float ext_factor, float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
+    pdl_begin();
     __shared__ float head[QKR_WARPS][QKR_MAX_HEAD_DIM];
     const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
                           attn_factor, beta_fast, beta_slow, n_ctx_orig};
@@ -230,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     experts_gate_up(const uint8_t* wg, const uint8_t* wu, const float* x, const int32_t* ids,
                     float* y, uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                     uint32_t n_used, uint64_t expert_bytes_g, uint64_t expert_bytes_u) {
+    pdl_begin();
     __shared__ MvShared sh;
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!fused_whole_warps() || !mm_shape_ok(type, k) || type == T_F32 || type == T_F16 ||
@@ -295,6 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                 float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
                 uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
                 uint32_t n) {
+    pdl_begin();
     __shared__ MvShared sh;
     if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
         !mm_shape_ok(type_v, k)) {
@@ -335,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     router_matvec_topk(const uint8_t* w, const float* x, float* logits, int32_t* ids,
                        float* weights, uint32_t* done, uint32_t type, uint32_t n_expert,
                        uint32_t k, uint32_t n_tokens, uint32_t top_k, uint32_t norm) {
+    pdl_begin();
     __shared__ MvShared sh;
     if (!fused_whole_warps() || !mm_shape_ok(type, k) || top_k > n_expert) {
         fill_nan(logits, (uint64_t)n_tokens * n_expert);
@@ -362,6 +368,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     mul_mat_add_rms_norm(const uint8_t* wo, const float* x, float* y0, const float* a,
                          float* sum, const float* w, float* y, uint32_t* done, uint32_t type,
                          uint32_t m, uint32_t k, uint32_t n, float eps) {
+    pdl_begin();
     __shared__ MvShared sh;
     __shared__ double partial[32];
     __shared__ float row_scale;
@@ -388,6 +395,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                       const float* weights, const float* res, float* sum, const float* w,
                       float* y, uint32_t* done, uint32_t type, uint32_t m, uint32_t k,
                       uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes, float eps) {
+    pdl_begin();
     __shared__ MvShared sh;
     __shared__ double partial[32];
     __shared__ float row_scale;
@@ -423,6 +431,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                      uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot,
                      uint32_t mode, float freq_base, float freq_scale, float ext_factor,
                      float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
+    pdl_begin();
     __shared__ MvShared sh;
     __shared__ float head[QKR_MAX_HEAD_DIM];
     __shared__ uint32_t finished;  // bit i: this unit's block finishes its (i + 1)-th head

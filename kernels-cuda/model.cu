@@ -37,11 +37,13 @@ __device__ __forceinline__ bool whole_warps() { return (blockDim.x & 31) == 0; }
 
 // y = a + b
 extern "C" __global__ void add(const float* a, const float* b, float* y, uint32_t n) {
+    pdl_begin();
     for (uint64_t i = global_thread(); i < n; i += global_threads()) y[i] = __fadd_rn(a[i], b[i]);
 }
 
 // x[r] += b
 extern "C" __global__ void add_rows(float* x, const float* b, uint32_t n_rows, uint32_t dim) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_rows * dim;
     for (uint64_t i = global_thread(); i < n; i += global_threads())
         x[i] = __fadd_rn(x[i], b[i % dim]);
@@ -49,6 +51,7 @@ extern "C" __global__ void add_rows(float* x, const float* b, uint32_t n_rows, u
 
 // y = silu(gate) * up, with ggml's vector SiLU (every FFN row is whole vectors).
 extern "C" __global__ void swiglu(const float* gate, const float* up, float* y, uint32_t n) {
+    pdl_begin();
     for (uint64_t i = global_thread(); i < n; i += global_threads())
         y[i] = __fmul_rn(ggml_vsilu(gate[i]), up[i]);
 }
@@ -56,6 +59,7 @@ extern "C" __global__ void swiglu(const float* gate, const float* up, float* y, 
 // out[t] = Σ_j weights[t][j] · y[t][j], in slot order, the first slot assigned.
 extern "C" __global__ void moe_combine(const float* y, const float* weights, float* out,
                                        uint32_t n_tokens, uint32_t n_used, uint32_t m) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_tokens * m;
     for (uint64_t it = global_thread(); it < n; it += global_threads()) {
         const uint64_t t = it / m, i = it % m;
@@ -74,6 +78,7 @@ extern "C" __global__ void moe_combine(const float* y, const float* weights, flo
 // qwen2moe's gate: silu(g) / g on a one-column tensor (ggml's scalar SiLU), 0.5 at 0.
 extern "C" __global__ void sigmoid_gate_add(const float* x, const float* gate, float* out,
                                             uint32_t n_tokens, uint32_t m) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_tokens * m;
     for (uint64_t it = global_thread(); it < n; it += global_threads()) {
         const float g0 = gate[it / m];
@@ -86,6 +91,7 @@ extern "C" __global__ void sigmoid_gate_add(const float* x, const float* gate, f
 extern "C" __global__ void kv_store(const float* k, const float* v, const int32_t* pos,
                                     uint16_t* k_cache, uint16_t* v_cache, uint32_t kv_dim,
                                     uint32_t n_tokens, uint32_t n_ctx) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_tokens * kv_dim;
     for (uint64_t i = global_thread(); i < n; i += global_threads()) {
         const uint64_t t = i / kv_dim, c = i % kv_dim;
@@ -105,6 +111,7 @@ extern "C" __global__ void kv_store(const float* k, const float* v, const int32_
 // warp walking a 2,048-wide row waited for 64 loads in turn (18 µs per decode launch).
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* y, uint32_t n_rows,
                                     uint32_t dim, float eps) {
+    pdl_begin();
     __shared__ double partial[32];
     __shared__ float row_scale;
     if (!whole_warps()) return fill_nan(y, (uint64_t)n_rows * dim);
@@ -143,6 +150,7 @@ __device__ void embed_quant(const uint8_t* table, const uint32_t* ids, float* ou
 // out[t] = dequantise(row ids[t] of table)
 extern "C" __global__ void embed_rows(const uint8_t* table, const uint32_t* ids, float* out,
                                       uint32_t type, uint32_t dim, uint32_t n_tokens) {
+    pdl_begin();
     const uint64_t n = (uint64_t)n_tokens * dim;
     if (type == T_F32 || type == T_F16 || type == T_BF16) {
         for (uint64_t i = global_thread(); i < n; i += global_threads()) {
@@ -169,6 +177,7 @@ extern "C" __global__ void embed_rows(const uint8_t* table, const uint32_t* ids,
 // y[n x m] = x[n x k] · wᵀ
 extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, const float* x, float* y, uint32_t type,
                                    uint32_t m, uint32_t k, uint32_t n) {
+    pdl_begin();
     __shared__ MmShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
     const uint32_t rows = mm_rows_per_unit();
@@ -201,6 +210,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, c
 extern "C" __global__ void __launch_bounds__(256, 4)
     mul_mat_vec(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                 uint32_t k, uint32_t n) {
+    pdl_begin();
     __shared__ MvShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
     mv_product(sh, type, w, x, y, m, k, n);
@@ -218,6 +228,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     mul_mat_experts(const uint8_t* w, const float* x, const int32_t* ids, float* y,
                     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
                     uint32_t x_per_slot, uint64_t expert_bytes) {
+    pdl_begin();
     __shared__ MmShared sh;
     __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
     __shared__ uint32_t tile_x[MM_TOKENS], tile_y[MM_TOKENS];
@@ -285,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     mul_mat_experts_vec(const uint8_t* w, const float* x, const int32_t* ids, float* y,
                         uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                         uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {
+    pdl_begin();
     __shared__ MvShared sh;
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
@@ -327,6 +339,7 @@ __device__ void mma_dense_units(uint8_t* smem, const uint8_t* w, const float* x,
 extern "C" __global__ void __launch_bounds__(256, 1)
     mul_mat_mma(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                 uint32_t k, uint32_t n) {
+    pdl_begin();
     MMA_SMEM(smem);
     const int tokens = mma_tokens_for(type, k, mma_smem_size());
     if (!whole_warps() || tokens == 0) return fill_nan(y, (uint64_t)n * m);
@@ -419,6 +432,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     mul_mat_experts_mma(const uint8_t* w, const float* x, const int32_t* ids, float* y,
                         uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                         uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {
+    pdl_begin();
     MMA_SMEM(smem);
     __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
     __shared__ uint32_t tile_x[32], tile_y[32];
@@ -451,6 +465,7 @@ extern "C" __global__ void rope(float* x, const int32_t* pos, uint32_t n_tokens,
                                 uint32_t head_dim, uint32_t n_rot, uint32_t mode, float freq_base,
                                 float freq_scale, float ext_factor, float attn_factor,
                                 float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
+    pdl_begin();
     const uint64_t total = (uint64_t)n_tokens * n_heads * head_dim;
     const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
                           attn_factor, beta_fast, beta_slow, n_ctx_orig};
@@ -475,6 +490,7 @@ extern "C" __global__ void rope(float* x, const int32_t* pos, uint32_t n_tokens,
 extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float* weights,
                                        uint32_t n_tokens, uint32_t n_expert, uint32_t k,
                                        uint32_t norm) {
+    pdl_begin();
     if (!whole_warps() || k > n_expert) {
         for (uint64_t i = global_thread(); i < (uint64_t)n_tokens * k; i += global_threads()) {
             ids[i] = -1;
@@ -497,6 +513,7 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
               const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
               uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    pdl_begin();
     const uint64_t head = head_dim;
     const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
     attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
@@ -508,6 +525,7 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
 extern "C" __global__ void kv_store_q8(const float* k, const float* v, const int32_t* pos,
                                        uint16_t* k_cache, uint16_t* v_cache, uint32_t kv_dim,
                                        uint32_t n_tokens, uint32_t n_ctx) {
+    pdl_begin();
     kv_store_q8_body(k, v, pos, k_cache, v_cache, kv_dim, n_tokens, n_ctx);
 }
 
@@ -515,6 +533,7 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
                  const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
                  uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    pdl_begin();
     const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
     const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
     attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);

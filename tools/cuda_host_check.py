@@ -36,6 +36,7 @@ SHIM = r"""
 #define __device__
 #define __global__
 #define __shared__
+#define __constant__
 #define __forceinline__ inline
 struct uint4 { unsigned int x, y, z, w; };
 struct Dim { unsigned int x = 32, y = 1, z = 1; };

@@ -20,6 +20,7 @@
 #define __device__
 #define __global__
 #define __shared__ static
+#define __constant__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 struct uint4 { unsigned int x, y, z, w; };

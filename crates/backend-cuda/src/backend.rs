@@ -23,7 +23,7 @@ use strata_core::{
 use crate::compile::{self, Origin as ModuleOrigin};
 use crate::driver::{self, NAME, check};
 use crate::kernel_timing::KernelTiming;
-use crate::kernels::{self, KernelTable, MAX_ARGS};
+use crate::kernels::{self, KernelTable, LaunchOptions, MAX_ARGS};
 
 /// How a CUDA device is opened.
 #[derive(Clone, Debug)]
@@ -31,12 +31,15 @@ pub struct CudaOptions {
     /// Root of the compiled-kernel cache (`<root>/<sm_XY>/<module>-<hash>...`); `None`
     /// compiles every start. Default: [`compile::default_cache_dir`].
     pub cache_dir: Option<PathBuf>,
+    /// Optional kernels left out and dependent launches (default: from the environment).
+    pub launch: LaunchOptions,
 }
 
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
             cache_dir: compile::default_cache_dir(),
+            launch: LaunchOptions::from_env(),
         }
     }
 }
@@ -91,7 +94,7 @@ impl CudaBackend {
         };
         // From here on an error drops `backend`, which releases the context.
         backend.bind()?;
-        let table = KernelTable::load(props.cc, opts.cache_dir.as_deref())?;
+        let table = KernelTable::load(props.cc, opts.cache_dir.as_deref(), &opts.launch)?;
         backend.origins = table.origins.clone();
         for (m, o) in &backend.origins {
             tracing::debug!("cuda: kernel module {m}: {o:?}");
@@ -425,23 +428,57 @@ impl Backend for CudaBackend {
             Some(t) => t.start(s)?,
             None => None,
         };
-        // SAFETY: `params` holds one pointer per kernel parameter (checked against the
-        // signature when the driver reports it), each to a slot alive for the call.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                entry.func,
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                cfg.shared_bytes.max(variant_smem),
-                s,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })?;
+        let shared = cfg.shared_bytes.max(variant_smem);
+        if entry.dependent_launch {
+            // Programmatic stream serialization: the kernel may start once every block of
+            // the one before it has started; its pdl_begin() waits for that one's end.
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: shared,
+                hStream: s,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and `attr` live for the call.
+            check("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    entry.func,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+        } else {
+            // SAFETY: `params` holds one pointer per kernel parameter (checked against the
+            // signature when the driver reports it), each to a slot alive for the call.
+            check("cuLaunchKernel", unsafe {
+                sys::cuLaunchKernel(
+                    entry.func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    shared,
+                    s,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+        }
         match (&self.timing, timed) {
             (Some(t), Some(start)) => t.end(kernel, start, s),
             _ => Ok(()),

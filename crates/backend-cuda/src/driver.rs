@@ -54,6 +54,7 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
     "cuLaunchKernel",
     "cuGraphInstantiateWithFlags",
     "cuGraphDestroy",

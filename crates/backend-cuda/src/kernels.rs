@@ -11,6 +11,7 @@ use strata_core::{Error, KernelArg, KernelId};
 
 use crate::compile::{self, Image, Origin};
 use crate::driver::{self, check};
+use crate::source_scan;
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
@@ -29,6 +30,9 @@ pub(crate) struct KernelEntry {
     /// The most dynamic shared memory a launch may give it (bytes): raised to what the
     /// device allows for variants (which may ask for it), else 0.
     pub max_dynamic_smem: u32,
+    /// Launched as a programmatic dependent launch (sm_90, the kernel opens with
+    /// common.cuh's `pdl_begin()`): it may start before the kernel ahead of it ends.
+    pub dependent_launch: bool,
 }
 
 impl KernelEntry {
@@ -38,6 +42,7 @@ impl KernelEntry {
             params: param_sizes(func),
             cluster_width: cluster_width(func),
             max_dynamic_smem: 0,
+            dependent_launch: false,
         }
     }
 
@@ -175,6 +180,67 @@ pub(crate) const VARIANTS: &[Variant] = &[
 /// 157.9 without. Each ends in a one-block tail (top-k, the slot combine and norm) that
 /// waits for the whole product, longer than the separate launch it saves.
 const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm";
+
+/// Whether launches may overlap the kernel ahead of them (programmatic dependent launch,
+/// sm_90): `STRATA_CUDA_PDL` = `0` (off), `early` (the next kernel's blocks may be placed
+/// once every block of this one has started), anything else the default, `late` (as this
+/// one's blocks exit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DependentLaunch {
+    Off,
+    Late,
+    Early,
+}
+
+/// How the kernel table launches: which optional kernels it leaves out, and whether
+/// launches overlap the kernel before them.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// Optional (module `fused`) kernels left out, comma-separated.
+    pub skip_optional: String,
+    pub dependent: DependentLaunch,
+}
+
+impl LaunchOptions {
+    /// From `STRATA_CUDA_SKIP` (default: [`SKIPPED_BY_DEFAULT`]) and `STRATA_CUDA_PDL`.
+    pub fn from_env() -> Self {
+        let skip = std::env::var("STRATA_CUDA_SKIP");
+        let dependent = match std::env::var("STRATA_CUDA_PDL").as_deref() {
+            Ok("0") => DependentLaunch::Off,
+            Ok("early") => DependentLaunch::Early,
+            _ => DependentLaunch::Late,
+        };
+        Self {
+            skip_optional: skip.as_deref().unwrap_or(SKIPPED_BY_DEFAULT).to_string(),
+            dependent,
+        }
+    }
+
+    /// Every optional kernel in use (tests of the fused kernels).
+    pub fn all_kernels() -> Self {
+        Self {
+            skip_optional: String::new(),
+            ..Self::from_env()
+        }
+    }
+}
+
+/// Writes `value` into the module's `__constant__ uint32_t name` (before any launch).
+fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error> {
+    let Ok(cname) = CString::new(name) else {
+        return Ok(());
+    };
+    let (mut ptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: loaded module; NUL-terminated name; writes a pointer and a size.
+    let r = unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, m, cname.as_ptr()) };
+    if r != sys::CUresult::CUDA_SUCCESS || bytes != 4 {
+        return Ok(()); // a module that does not include common.cuh
+    }
+    // SAFETY: a 4-byte device symbol of the current context; synchronous copy.
+    check("cuMemcpyHtoD_v2", unsafe {
+        sys::cuMemcpyHtoD_v2(ptr, (&value as *const u32).cast(), 4)
+    })
+}
 
 /// Every module of one context and the kernel table built from them.
 pub(crate) struct KernelTable {
@@ -342,7 +408,11 @@ impl KernelTable {
     /// Builds the table; the device's context must be current on this thread. Every
     /// kernels-cuda/ module that defines a listed kernel is compiled and loaded; a kernel
     /// with no CUDA definition is left out (`supports` says false for it).
-    pub fn load(cc: (u32, u32), cache_root: Option<&Path>) -> Result<Self, Error> {
+    pub fn load(
+        cc: (u32, u32),
+        cache_root: Option<&Path>,
+        launch: &LaunchOptions,
+    ) -> Result<Self, Error> {
         let mut table = KernelTable {
             modules: Vec::new(),
             entries: Vec::with_capacity(KernelId::COUNT),
@@ -398,9 +468,37 @@ impl KernelTable {
                 }
             }
         }
-        let skip = std::env::var("STRATA_CUDA_SKIP");
-        table.skip_optional(Some(skip.as_deref().unwrap_or(SKIPPED_BY_DEFAULT)));
+        if cc.0 >= 9 && launch.dependent != DependentLaunch::Off {
+            table.allow_dependent_launches(launch.dependent)?;
+        }
+        table.skip_optional(Some(&launch.skip_optional));
         Ok(table)
+    }
+
+    /// Marks the kernels whose source opens with `pdl_begin()` for programmatic dependent
+    /// launch, and tells every module when to let the next kernel's blocks be placed.
+    fn allow_dependent_launches(&mut self, mode: DependentLaunch) -> Result<(), Error> {
+        if !driver::has_symbol("cuLaunchKernelEx") {
+            return Ok(());
+        }
+        let early = u32::from(mode == DependentLaunch::Early);
+        for &m in &self.modules {
+            set_module_u32(m, "strata_pdl_early_trigger", early)?;
+        }
+        let defs = source_scan::kernel_defs();
+        let waits = |module: &str, name: &str| {
+            defs.iter()
+                .any(|d| d.waits_for_previous && d.module == module && d.name == name)
+        };
+        for (id, entry) in KernelId::ALL.iter().zip(self.entries.iter_mut()) {
+            if let Some(e) = entry {
+                e.dependent_launch = waits(id.module(), id.name());
+            }
+        }
+        for (v, e) in &mut self.variants {
+            e.dependent_launch = waits(v.of.module(), v.func);
+        }
+        Ok(())
     }
 
     /// Leaves out the optional (module `fused`) kernels named in `list` (comma-separated,
@@ -515,39 +613,10 @@ mod tests {
 
     /// Every `extern "C" __global__ void name(` in the embedded sources, with its module.
     fn declared() -> Vec<(String, &'static str)> {
-        let marker = "extern \"C\" __global__ void ";
-        let mut out = Vec::new();
-        for (module, src) in KERNEL_SOURCES {
-            for mut piece in src.split(marker).skip(1) {
-                // Attributes may stand between `void` and the name: `__launch_bounds__(..)`,
-                // `__cluster_dims__(..)`, or an all-caps macro standing for one.
-                loop {
-                    let p = piece.trim_start();
-                    let word: String = p
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if word == "__launch_bounds__" || word == "__cluster_dims__" {
-                        piece = p.split_once(')').map_or("", |(_, r)| r);
-                    } else if !word.is_empty()
-                        && word
-                            .chars()
-                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-                    {
-                        piece = &p[word.len()..];
-                    } else {
-                        break;
-                    }
-                }
-                let name: String = piece
-                    .trim_start()
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                out.push((name, *module));
-            }
-        }
-        out
+        source_scan::kernel_defs()
+            .into_iter()
+            .map(|d| (d.name, d.module))
+            .collect()
     }
 
     #[test]
@@ -645,6 +714,7 @@ mod tests {
                 params: None,
                 cluster_width: 1,
                 max_dynamic_smem: 0,
+                dependent_launch: false,
             })
         };
         let mut table = KernelTable {

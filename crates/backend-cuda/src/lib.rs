@@ -10,9 +10,11 @@ mod compile;
 mod driver;
 mod kernel_timing;
 mod kernels;
+mod source_scan;
 
 pub use backend::{CudaBackend, CudaOptions};
 pub use compile::{Origin as ModuleOrigin, default_cache_dir, nvrtc_version};
+pub use kernels::{DependentLaunch, LaunchOptions};
 
 use strata_core::{BackendKind, Device, DeviceInfo, Result};
 

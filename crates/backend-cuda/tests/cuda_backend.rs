@@ -147,6 +147,7 @@ fn second_start_loads_kernels_from_the_cache() {
     let dir = temp_cache("cache");
     let opts = CudaOptions {
         cache_dir: Some(dir.clone()),
+        ..CudaOptions::default()
     };
     let first = CudaBackend::new(0, &opts).unwrap();
     let arch = first.info().arch;
@@ -216,6 +217,7 @@ fn a_corrupt_cache_file_is_replaced() {
     let dir = temp_cache("corrupt");
     let opts = CudaOptions {
         cache_dir: Some(dir.clone()),
+        ..CudaOptions::default()
     };
     drop(CudaBackend::new(0, &opts).unwrap());
     let second = CudaBackend::new(0, &opts).unwrap();

@@ -33,7 +33,13 @@ pub struct Pair {
 /// Both devices, or `None` (after one line saying why) when there is no CUDA device.
 pub fn pair(test: &str) -> Option<Pair> {
     let lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let gpu = match strata_backend_cuda::device(0) {
+    // Every optional kernel in use, whatever the default leaves out: the fused kernels'
+    // tests launch them directly.
+    let opts = strata_backend_cuda::CudaOptions {
+        launch: strata_backend_cuda::LaunchOptions::all_kernels(),
+        ..Default::default()
+    };
+    let gpu = match strata_backend_cuda::device_with(0, &opts) {
         Ok(d) => d,
         Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
             eprintln!("{test}: skipped, no CUDA device here ({e})");
