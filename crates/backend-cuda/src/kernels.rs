@@ -700,63 +700,6 @@ mod tests {
     }
 
     #[test]
-    fn mmq_variants_take_launches_of_more_than_64_tokens() {
-        let buf = KernelArg::Buffer {
-            buf: RawBuffer(0x1000),
-            offset: 0,
-            access: Access::Read,
-        };
-        let mul_mat = |ty, n| {
-            [
-                buf,
-                buf,
-                buf,
-                KernelArg::U32(ty),
-                KernelArg::U32(2048),
-                KernelArg::U32(2048),
-                KernelArg::U32(n),
-            ]
-        };
-        let experts = |n| {
-            let u = KernelArg::U32;
-            [
-                buf,
-                buf,
-                buf,
-                buf,
-                u(12),
-                u(768),
-                u(2048),
-                u(n),
-                u(8),
-                u(0),
-                KernelArg::U64(1),
-            ]
-        };
-        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
-        let (dense, experts_v) = (
-            &VARIANTS[find("mul_mat_mmq")],
-            &VARIANTS[find("mul_mat_experts_mmq")],
-        );
-        // Q4_K: raw rows of 144 bytes in 11 segments of 16 (an odd count), see mmq_layout.
-        let bytes = 128 * 272 + 8 * 128 * 16 + 128 * 176 + 64 * 272 + 8 * 64 * 16;
-        assert_eq!(bytes, 99_328);
-        assert_eq!((dense.applies)(&mul_mat(12, 65), 232_448), Some(bytes));
-        assert!((dense.applies)(&mul_mat(12, 64), 232_448).is_none());
-        assert!((dense.applies)(&mul_mat(12, 65), bytes - 1).is_none());
-        assert!((dense.applies)(&mul_mat(1, 512), 232_448).is_none());
-        assert_eq!(
-            (experts_v.applies)(&experts(65), 232_448),
-            Some(bytes + 4096)
-        );
-        assert!((experts_v.applies)(&experts(64), 232_448).is_none());
-        // Listed before the bit-exact kernels, which keep 16..64 tokens (for_launch takes
-        // the first variant that applies).
-        assert!(find("mul_mat_mmq") < find("mul_mat_mma"));
-        assert!(find("mul_mat_experts_mmq") < find("mul_mat_experts_mma"));
-    }
-
-    #[test]
     fn the_conformance_kernels_are_all_defined() {
         let declared = declared();
         for id in KernelId::ALL
