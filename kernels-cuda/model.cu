@@ -26,6 +26,7 @@
 #include "matvec.cuh"
 #include "slot_units.cuh"
 #include "mma.cuh"
+#include "mmq.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
 #include "attention.cuh"
@@ -457,6 +458,55 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     }
 }
 
+// ---- mul_mat and mul_mat_experts, MMQ style (mmq.cuh) ------------------------------------------
+
+// The CUDA backend's variants of mul_mat and the grouped mul_mat_experts for launches of
+// more than 64 tokens: float accumulation over K in chunk order (not bit for bit the
+// one-row kernels; within float rounding of them). 256-thread blocks with the dynamic
+// shared memory mmq_bytes_for(type) (plus MMQ_LIST slots for experts); otherwise NaN.
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+    mul_mat_mmq(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                uint32_t k, uint32_t n) {
+    MMA_SMEM(smem);
+    const uint32_t need = mmq_bytes_for(type);
+    if (blockDim.x != MMQ_THREADS || need == 0 || need > mma_smem_size() || !mm_shape_ok(type, k))
+        return fill_nan(y, (uint64_t)n * m);
+    switch (type) {
+#define MMQ_DENSE(id, F) \
+    case id: mmq_dense_units<F>(smem, w, x, y, m, k, n); break;
+        QUANT_FORMATS(MMQ_DENSE)
+#undef MMQ_DENSE
+        default: break;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
+    mul_mat_experts_mmq(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                        uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                        uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {
+    MMA_SMEM(smem);
+    __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
+    __shared__ uint32_t tile_x[MMQ_TOKENS], tile_y[MMQ_TOKENS];
+    __shared__ int count;
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    const uint32_t need = mmq_bytes_for(type);
+    if (blockDim.x != MMQ_THREADS || need == 0 || need + 4 * MMQ_LIST > mma_smem_size() ||
+        !mm_shape_ok(type, k))
+        return fill_nan(y, slots * m);
+    const ExpertRanks ranks = expert_ranks(ids, slots, present);
+    uint32_t* list = (uint32_t*)(smem + need);
+    switch (type) {
+#define MMQ_EXPERTS(id, F)                                                                       \
+    case id:                                                                                     \
+        mmq_expert_units<F>(smem, present, ranks, w, x, ids, y, m, k, slots, n_used, x_per_slot, \
+                            expert_bytes, list, tile_x, tile_y, &count);                        \
+        break;
+        QUANT_FORMATS(MMQ_EXPERTS)
+#undef MMQ_EXPERTS
+        default: break;
+    }
+}
+
 // ---- rope ----------------------------------------------------------------------------------
 
 // Rotates the first n_rot values of each head of x ([n_tokens][n_heads][head_dim]) by the
@@ -517,6 +567,21 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     const uint64_t head = head_dim;
     const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
     attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
+}
+
+// The same attention for launches of many tokens (prefill), on tensor cores: the backend's
+// variant of `attention` (crates/backend-cuda/src/kernels.rs); attention_prefill.cuh. Two
+// blocks of 256 threads per SM (registers), each with atp_smem_bytes(head_dim) of dynamic
+// shared memory.
+#include "attention_prefill.cuh"
+
+extern "C" __global__ void __launch_bounds__(32 * ATP_WARPS, 2)
+    attention_prefill(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                      const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                      uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    MMA_SMEM(smem);
+    attention_prefill_run(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head, head_dim,
+                          n_ctx, scale, (uint16_t*)smem, mma_smem_size());
 }
 
 // ---- the int8 K/V cache (kv_q8.cuh: kv_store_q8, attention_q8) ------------------------------

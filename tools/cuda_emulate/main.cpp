@@ -8,8 +8,11 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|experts|mm|vec|fused|products|qkv_rope [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq [FORMAT,FORMAT...]]
 #include "emu.h"
+// mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
+#define MMQ_LIST 128
+#define MMQ_WINDOW 64
 #include "model.cu"
 #include "fused.cu"
 #include <random>
@@ -358,6 +361,48 @@ static void test_attention() {
     }
 }
 
+// attention_prefill (attention_prefill.cuh, tensor-core fragments through the emulator's
+// shuffles) against the float softmax, for tiles that do not divide the batch, spans that
+// are not whole chunks, GQA groups of 1, 3, 4 and 8, head_dim 64, 96 and 128, and (the
+// last case) positions out of order with some outside the cache (output 0).
+static void test_attention_prefill() {
+    struct C { int nt, nh, nkv, hd, pos0, grid, block; bool shuffled; } cases[] = {
+        {70, 8, 1, 128, 130, 3, 256, false}, {100, 6, 2, 64, 37, 2, 256, false},
+        {65, 4, 4, 96, 0, 5, 128, false}, {80, 8, 2, 64, 0, 4, 256, true}};
+    for (auto c : cases) {
+        int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
+        std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
+        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(1);
+        std::vector<uint16_t> kc(ctx * kvd), vc(ctx * kvd);
+        for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
+        std::vector<int32_t> apos(c.nt);
+        for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
+        if (c.shuffled) {
+            for (int t = c.nt - 1; t > 0; t--) std::swap(apos[t], apos[rng() % (t + 1)]);
+            apos[3] = -1; apos[17] = ctx; apos[40] = 0;
+        }
+        std::vector<float> out(c.nt * c.nh * c.hd, -7.0f);
+        float scale = 1.0f / sqrtf((float)c.hd);
+        emu_dynamic_smem_bytes = atp_smem_bytes(c.hd);
+        launch(c.grid, c.block, [&] { attention_prefill(q.data(), apos.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
+        double worst = 0;
+        int g = c.nh / c.nkv;
+        for (int t = 0; t < c.nt; t++) for (int h = 0; h < c.nh; h++) {
+            int p = apos[t], span = (p < 0 || p >= ctx) ? 0 : p + 1, off = (h / g) * c.hd;
+            std::vector<double> s(span);
+            double mx = -1e300;
+            for (int j = 0; j < span; j++) { double d = 0; for (int i = 0; i < c.hd; i++) d += (double)round_to_f16(q[(t * c.nh + h) * c.hd + i]) * f16_to_f32(kc[j * kvd + off + i]); s[j] = d * scale; mx = std::max(mx, s[j]); }
+            double sum = 0; for (auto& x : s) { x = exp(x - mx); sum += x; }
+            for (int i = 0; i < c.hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * f16_to_f32(vc[j * kvd + off + i]); worst = std::max(worst, fabs(out[(t * c.nh + h) * c.hd + i] - o)); }
+        }
+        char what[120]; snprintf(what, sizeof what, "attention_prefill t=%d heads %d/%d hd=%d pos0=%d%s", c.nt, c.nh, c.nkv, c.hd, c.pos0, c.shuffled ? " shuffled" : "");
+        // Each probability rounded to f16 before P·V (up to 2^-11 of it, |v| ≤ 1): a
+        // one-row mask error or a wrong scale moves some output by far more (see
+        // model_ops/attention.rs).
+        report(what, worst, 1e-3);
+    }
+}
+
 static void test_router() {
     struct C { int nt, ne, k, norm, ties; } cases[] = {{1, 8, 2, 1, 0}, {7, 60, 4, 0, 0}, {33, 128, 8, 1, 0}, {5, 512, 10, 1, 0}, {9, 64, 6, 1, 1}, {3, 16, 16, 0, 1}};
     for (auto c : cases) {
@@ -701,6 +746,8 @@ static void test_qkv_rope() {
     }
 }
 
+#include "test_mmq.h"
+
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
     if (argc > 2) fmt_only = std::string(",") + argv[2] + ",";
@@ -709,6 +756,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "router") test_router();
     if (only.empty() || only == "embed") test_embed();
     if (only.empty() || only == "attention") test_attention();
+    if (only.empty() || only == "attention" || only == "attention_prefill") test_attention_prefill();
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();
@@ -717,6 +765,7 @@ int main(int argc, char** argv) {
     if (only == "fused" || only == "products") test_fused_norms();
     if (only == "fused" || only == "products" || only == "qkv_rope") test_qkv_rope();
     if (only == "mma") test_mma();
+    if (only == "mmq") test_mmq();
     printf("%d failed\n", fails);
     return fails != 0;
 }

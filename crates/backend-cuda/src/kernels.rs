@@ -132,6 +132,35 @@ fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
     })
 }
 
+/// Launches of more than this many tokens attend on tensor cores (attention_prefill.cuh):
+/// the per-row kernel's results do not depend on the batch, which decode steps, verify
+/// windows and short reads need; a prefill only needs them within rounding.
+const ATTENTION_PER_ROW_MAX_TOKENS: u32 = 64;
+
+/// Dynamic shared memory attention_prefill takes (atp_smem_bytes: 128 query rows and two
+/// stages of 64 K and 64 V rows, each row head_dim f16 + 8 of padding), or `None` for a
+/// launch it does not take (head_dim not a multiple of 32 or over 128, a group of query
+/// heads larger than a block's 128 rows) or that does not fit `limit`.
+fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
+    // attention(q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale)
+    let (n_tokens, n_head, n_kv_head, head_dim) = (
+        u32_arg(args, 5)?,
+        u32_arg(args, 6)?,
+        u32_arg(args, 7)?,
+        u32_arg(args, 8)?,
+    );
+    let shape_ok = n_kv_head > 0
+        && n_head % n_kv_head == 0
+        && n_head / n_kv_head <= 128
+        && head_dim > 0
+        && head_dim % 32 == 0
+        && head_dim <= 128;
+    if n_tokens <= ATTENTION_PER_ROW_MAX_TOKENS || !shape_ok {
+        return None;
+    }
+    Some((128 + 4 * 64) * (head_dim + 8) * 2).filter(|&b| b <= limit)
+}
+
 /// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
 pub(crate) const VARIANTS: &[Variant] = &[
@@ -171,6 +200,13 @@ pub(crate) const VARIANTS: &[Variant] = &[
             }
             _ => None,
         },
+        large_smem: true,
+    },
+    // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
+    Variant {
+        of: KernelId::Attention,
+        func: "attention_prefill",
+        applies: attention_prefill_smem,
         large_smem: true,
     },
 ];
@@ -687,6 +723,49 @@ mod tests {
         let mut f16 = mul_mat(64);
         f16[3] = KernelArg::U32(1);
         assert!((mma.applies)(&f16, 232_448).is_none());
+    }
+
+    #[test]
+    fn attention_prefill_applies_to_long_launches_it_can_take() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let attention = |n_tokens, n_head, n_kv_head, head_dim| {
+            [
+                buf,
+                buf,
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(n_tokens),
+                KernelArg::U32(n_head),
+                KernelArg::U32(n_kv_head),
+                KernelArg::U32(head_dim),
+                KernelArg::U32(4096),
+                KernelArg::F32(0.1),
+            ]
+        };
+        let v = VARIANTS
+            .iter()
+            .find(|v| v.func == "attention_prefill")
+            .unwrap();
+        // 384 staged rows of 136 f16 for head_dim 128.
+        assert_eq!(
+            (v.applies)(&attention(65, 32, 4, 128), 232_448),
+            Some(104_448)
+        );
+        assert_eq!(
+            (v.applies)(&attention(512, 8, 2, 64), 232_448),
+            Some(55_296)
+        );
+        assert!((v.applies)(&attention(64, 32, 4, 128), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 128), 104_447).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 80), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
     }
 
     #[test]
