@@ -167,24 +167,54 @@ __device__ __forceinline__ float ld_f16(const uint8_t* p) { return f16_to_f32((u
 __device__ __forceinline__ float nan_f32() { return __uint_as_float(0x7fc00000u); }
 
 // Programmatic dependent launch (sm_90): the backend launches a kernel whose body starts
-// with pdl_begin() so that it may be scheduled before the kernel ahead of it in the stream
-// has finished (crates/backend-cuda/src/kernels.rs finds these kernels in the sources).
-// pdl_begin() waits until the kernel before has finished and its writes are visible:
-// nothing before the wait may touch memory another kernel writes. The wait chains (a
-// kernel finishes only after its own wait), so every earlier kernel is done too. What it
-// buys: the next kernel is launched while this one drains, not after (a few µs a launch
-// in a decode graph). When the next kernel's blocks may be placed: once every block of
-// this one has started (strata_pdl_early_trigger, set by the backend at load), or as this
-// one's blocks exit (the default: early placement can pile one kernel's blocks onto the
-// few SMs that have room, and a thread-block cluster needs whole free GPC slices).
-__constant__ uint32_t strata_pdl_early_trigger;
+// with pdl_begin...() so that it may be scheduled before the kernel ahead of it in the
+// stream has finished (crates/backend-cuda/src/kernels.rs finds these kernels in the
+// sources). pdl_begin() waits until the kernel before has finished and its writes are
+// visible: nothing before the wait may touch memory another kernel writes (only weights,
+// which no kernel writes, may be prefetched). The wait chains (a kernel finishes only
+// after its own wait), so every earlier kernel is done too. When the next kernel's blocks
+// may be placed (strata_pdl_trigger, set by the backend at load): 0 as this kernel's blocks
+// exit; 1 once every block has started; 2 once every block has passed its main loop
+// (pdl_trigger_mid(), in the one-token products), so its weights can stream into L2
+// while this kernel finishes.
+__constant__ uint32_t strata_pdl_trigger;
 
-__device__ __forceinline__ void pdl_begin() {
+__device__ __forceinline__ void pdl_launch_dependents_if(uint32_t mode) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (strata_pdl_early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if (strata_pdl_trigger == mode) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+    (void)mode;
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch_dependents_if(1);
+    pdl_wait();
+}
+
+// pdl_begin(), with [p, p + bytes) (weights) asked into L2 by the block first.
+__device__ __forceinline__ void pdl_begin_prefetch(const uint8_t* p, uint64_t bytes) {
+    pdl_launch_dependents_if(1);
+#if defined(__CUDA_ARCH__)
+    if (p != nullptr && strata_pdl_trigger != 0) {
+        const uint64_t a0 = (uint64_t)p & ~(uint64_t)127, a1 = (uint64_t)p + bytes;
+        for (uint64_t a = a0 + (uint64_t)threadIdx.x * 128; a < a1; a += (uint64_t)blockDim.x * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+#else
+    (void)p;
+    (void)bytes;
+#endif
+    pdl_wait();
+}
+
+__device__ __forceinline__ void pdl_trigger_mid() { pdl_launch_dependents_if(2); }
 
 // Grid-stride helpers: every kernel accepts any launch shape (core's callers use
 // LaunchCfg::linear(items, 256)); they only run faster with a shape that fits them.

@@ -299,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                 float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
                 uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
                 uint32_t n) {
-    pdl_begin();
+    pdl_begin_qkv(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v, k, n);
     __shared__ MvShared sh;
     if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
         !mm_shape_ok(type_v, k)) {
@@ -431,7 +431,8 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                      uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot,
                      uint32_t mode, float freq_base, float freq_scale, float ext_factor,
                      float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
-    pdl_begin();
+    pdl_begin_qkv(wq, wk, wv, type_q, type_k, type_v, n_head * head_dim, n_kv_head * head_dim,
+                  n_kv_head * head_dim, k, n_tokens);
     __shared__ MvShared sh;
     __shared__ float head[QKR_MAX_HEAD_DIM];
     __shared__ uint32_t finished;  // bit i: this unit's block finishes its (i + 1)-th head

@@ -94,8 +94,53 @@ __device__ void mv_dot(MvShared& sh, const MmUnit& u, const uint8_t* const* wrow
             }
         }
     }
+    pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
 #pragma unroll
     for (int rr = 0; rr < MV_ROWS; rr++) out[rr] = warp_sum(acc[rr]);
+}
+
+// The bytes of the weight rows of the first unit a block of mv_product (below) takes, for
+// pdl_begin_prefetch: rows r0.. of its row group, none past the launch's units.
+__device__ __forceinline__ uint64_t mv_first_rows_bytes(uint32_t type, uint32_t m, uint32_t k,
+                                                        uint64_t n, uint64_t& offset) {
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    if (blockIdx.x >= n * groups) return 0;
+    const uint32_t r0 = (uint32_t)(blockIdx.x % groups) * rows;
+    const uint64_t row_bytes = mm_row_bytes(type, k);
+    offset = r0 * row_bytes;
+    return (uint64_t)min(rows, m - r0) * row_bytes;
+}
+
+// pdl_begin() for a kernel whose blocks start with mv_product's first unit of `w`.
+__device__ __forceinline__ void pdl_begin_mv(const uint8_t* w, uint32_t type, uint32_t m,
+                                             uint32_t k, uint64_t n) {
+    uint64_t offset = 0;
+    const uint64_t bytes = mv_first_rows_bytes(type, m, k, n, offset);
+    pdl_begin_prefetch(bytes ? w + offset : nullptr, bytes);
+}
+
+// pdl_begin() for mul_mat_qkv(_rope) (fused.cu), whose units per token are Q's row groups,
+// then K's, then V's: the block's first unit's rows.
+__device__ __forceinline__ void pdl_begin_qkv(const uint8_t* wq, const uint8_t* wk,
+                                              const uint8_t* wv, uint32_t type_q,
+                                              uint32_t type_k, uint32_t type_v, uint32_t m_q,
+                                              uint32_t m_k, uint32_t m_v, uint32_t k,
+                                              uint64_t n) {
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t gq = (m_q + rows - 1) / rows, gk = (m_k + rows - 1) / rows,
+                   gv = (m_v + rows - 1) / rows;
+    uint64_t g = blockIdx.x % (gq + gk + gv);
+    const int j = g < gq ? 0 : g < gq + gk ? 1 : 2;
+    g -= j == 0 ? 0 : j == 1 ? gq : gq + gk;
+    const uint8_t* w = j == 0 ? wq : j == 1 ? wk : wv;
+    const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
+    const uint32_t m = j == 0 ? m_q : j == 1 ? m_k : m_v;
+    const uint32_t r0 = (uint32_t)g * rows;
+    const uint64_t row_bytes = mm_row_bytes(type, k);
+    const bool any = blockIdx.x < n * (gq + gk + gv) && r0 < m;
+    pdl_begin_prefetch(any ? w + r0 * row_bytes : nullptr,
+                       any ? (uint64_t)min(rows, m - r0) * row_bytes : 0);
 }
 
 // Rows r0 + rr · nwarps + warp of the unit (as mm_quant_unit assigns them).

@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, c
 extern "C" __global__ void __launch_bounds__(256, 4)
     mul_mat_vec(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                 uint32_t k, uint32_t n) {
-    pdl_begin();
+    pdl_begin_mv(w, type, m, k, n);
     __shared__ MvShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
     mv_product(sh, type, w, x, y, m, k, n);

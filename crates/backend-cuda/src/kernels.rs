@@ -219,13 +219,15 @@ const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm";
 
 /// Whether launches may overlap the kernel ahead of them (programmatic dependent launch,
 /// sm_90): `STRATA_CUDA_PDL` = `0` (off), `early` (the next kernel's blocks may be placed
-/// once every block of this one has started), anything else the default, `late` (as this
-/// one's blocks exit).
+/// once every block of this one has started), `mid` (once every block of a one-token
+/// product has read its weights), anything else the default, `late` (as this one's
+/// blocks exit). See common.cuh's pdl_begin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DependentLaunch {
     Off,
     Late,
     Early,
+    Mid,
 }
 
 /// How the kernel table launches: which optional kernels it leaves out, and whether
@@ -244,6 +246,7 @@ impl LaunchOptions {
         let dependent = match std::env::var("STRATA_CUDA_PDL").as_deref() {
             Ok("0") => DependentLaunch::Off,
             Ok("early") => DependentLaunch::Early,
+            Ok("mid") => DependentLaunch::Mid,
             _ => DependentLaunch::Late,
         };
         Self {
@@ -517,9 +520,13 @@ impl KernelTable {
         if !driver::has_symbol("cuLaunchKernelEx") {
             return Ok(());
         }
-        let early = u32::from(mode == DependentLaunch::Early);
+        let trigger = match mode {
+            DependentLaunch::Off | DependentLaunch::Late => 0,
+            DependentLaunch::Early => 1,
+            DependentLaunch::Mid => 2,
+        };
         for &m in &self.modules {
-            set_module_u32(m, "strata_pdl_early_trigger", early)?;
+            set_module_u32(m, "strata_pdl_trigger", trigger)?;
         }
         let defs = source_scan::kernel_defs();
         let waits = |module: &str, name: &str| {

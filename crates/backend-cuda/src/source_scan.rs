@@ -1,6 +1,6 @@
 //! What the embedded kernels-cuda/ sources say about their kernels, read from the text:
 //! each `extern "C" __global__` definition's name and module, and whether its body opens
-//! with `pdl_begin();` (common.cuh), which is what makes a programmatic dependent launch
+//! with `pdl_begin` (common.cuh's `pdl_begin()` and its forms), which is what makes a programmatic dependent launch
 //! of it safe. Read from the sources so a kernel added without that call is simply
 //! launched the ordinary way, never early.
 
@@ -11,7 +11,8 @@ use crate::kernels::KERNEL_SOURCES;
 pub(crate) struct KernelDef {
     pub name: String,
     pub module: &'static str,
-    /// Whether the body's first statement is `pdl_begin();`.
+    /// Whether the body's first statement is common.cuh's `pdl_begin()` (or one of its
+    /// `pdl_begin_*` forms, which prefetch weights first).
     pub waits_for_previous: bool,
 }
 
@@ -32,7 +33,7 @@ pub(crate) fn kernel_defs() -> Vec<KernelDef> {
             out.push(KernelDef {
                 name,
                 module,
-                waits_for_previous: body.trim_start().starts_with("pdl_begin();"),
+                waits_for_previous: body.trim_start().starts_with("pdl_begin"),
             });
         }
     }
