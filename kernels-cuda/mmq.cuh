@@ -15,8 +15,7 @@
 //   2. each (row, sub-block) is decoded ONCE to 32 int8s + float scales in shared memory;
 //   3. every warp runs int8 mma.sync m16n8k16 over its rows x tokens and folds each
 //      sub-block's integer sums into float registers (sub_value's math as FMAs).
-// 8 warps; for tiles of more than 32 tokens each warp takes 32 rows x 32 tokens (4 x 2
-// warps), else 16 rows x 32 tokens (8 x 1), so small expert tiles keep every warp busy.
+// 8 warps, each 16 rows x every token of the tile.
 #pragma once
 
 #include "common.cuh"
@@ -320,10 +319,17 @@ __device__ __forceinline__ void mmq_warp_chunk(float (&acc)[RF][TF][4], const Mm
 
 // One unit: rows r0.. of `w` against the tile `u` describes (u.tn tokens, from u.x and
 // u.x_rows), over all of K, written to y (token i at row y_rows[i], or i, of y_stride).
-template <class F, int RF, int TF>
-__device__ void mmq_unit_cfg(const MmqSmem& s, const MmqLayout& l, const uint8_t* w,
-                             uint64_t row_bytes, uint32_t r0, uint32_t m, const MmUnit& u,
-                             float* y, uint64_t y_stride, const uint32_t* y_rows) {
+// Warp w takes rows 16w.. for every token (RF = 1, TF = 8): a short tile (an expert's
+// few tokens) leaves every warp the same share, and per (row, token) it costs about
+// what 32 rows x 32 tokens a warp would (the epilogue dominates, not the fragment loads).
+// Not inlined: the callers' loop state (the expert kernel's list walk) then waits on the
+// stack once a unit instead of crowding the product loop's registers.
+template <class F>
+__device__ __noinline__ void mmq_unit(const MmqSmem s, const MmqLayout l, const uint8_t* w,
+                                      uint64_t row_bytes, uint32_t r0, uint32_t m,
+                                      const MmUnit u, float* y, uint64_t y_stride,
+                                      const uint32_t* y_rows) {
+    constexpr int RF = 1, TF = 8;
     constexpr int WR = MMQ_ROWS / (16 * RF);  // warps along the rows
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = 16 * RF * (warp % WR), tok0 = 8 * TF * (warp / WR);
@@ -364,15 +370,6 @@ __device__ void mmq_unit_cfg(const MmqSmem& s, const MmqLayout& l, const uint8_t
             }
 }
 
-template <class F>
-__device__ __forceinline__ void mmq_unit(const MmqSmem& s, const MmqLayout& l, const uint8_t* w,
-                                         uint64_t row_bytes, uint32_t r0, uint32_t m,
-                                         const MmUnit& u, float* y, uint64_t y_stride,
-                                         const uint32_t* y_rows) {
-    if (u.tn > 32) mmq_unit_cfg<F, 2, 4>(s, l, w, row_bytes, r0, m, u, y, y_stride, y_rows);
-    else mmq_unit_cfg<F, 1, 4>(s, l, w, row_bytes, r0, m, u, y, y_stride, y_rows);
-}
-
 // ---- the two kernels' units -----------------------------------------------------------------
 
 // mul_mat_mmq: units of (row tile, token tile), row tiles of one token tile on neighbouring
@@ -396,6 +393,21 @@ __device__ void mmq_dense_units(uint8_t* smem, const uint8_t* w, const float* x,
         mmq_unit<F>(s, l, w, row_bytes, r0, m, u, y + t0 * m, m, nullptr);
     }
 }
+
+// Blocks of mul_mat_experts_mmq that take units: 4 waves of 2 blocks an SM. The grid
+// crates/model/src/ops.rs sizes for the tiled kernel has many more (one per 16 rows and
+// routed expert: 16,512 for a 2048-row product of 128 experts), and each block's first
+// job is ranking the experts, reading every id; the blocks past these leave before it.
+// (%nsmid may exceed the SMs present, which only raises the cap.)
+#ifndef STRATA_EMULATOR
+__device__ __forceinline__ uint32_t mmq_expert_blocks() {
+    uint32_t n;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+    return 8 * n;
+}
+#else
+__device__ __forceinline__ uint32_t mmq_expert_blocks() { return 8; }  // emulator: 1 "SM"
+#endif
 
 // mul_mat_experts_mmq: one unit per (routed expert, row tile). The block lists the
 // expert's slots (every thread scanning MMQ_WINDOW slots a step, appending matches in any
@@ -422,7 +434,8 @@ __device__ void mmq_expert_units(uint8_t* smem, const uint32_t* present, const E
     u.x_stride = k;
     u.k = k;
     u.x_rows = tile_x;
-    for (uint64_t un = blockIdx.x; un < ranks.count * row_tiles; un += gridDim.x) {
+    const uint32_t blocks = min(gridDim.x, mmq_expert_blocks());
+    for (uint64_t un = blockIdx.x; un < ranks.count * row_tiles; un += blocks) {
         const int e = expert_of_rank(present, ranks, (int)(un / row_tiles));
         const uint32_t r0 = (uint32_t)(un % row_tiles) * MMQ_ROWS;
         const uint32_t rows = min((uint32_t)MMQ_ROWS, m - r0);

@@ -21,6 +21,7 @@
 #define __global__
 #define __shared__ static
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };

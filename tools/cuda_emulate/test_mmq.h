@@ -2,10 +2,10 @@
 // dequantised weights and the quantised activation (mm_ref), for the launches of more than
 // 64 tokens they serve: float accumulation, so a tolerance instead of bit-exactness, tight
 // enough (1e-5 of Σ|w·x|) that a wrong scale, min or sub-block fails by orders of magnitude.
-// Token counts not multiples of the tile (tails of 6 and 36 tokens take the two warp
-// layouts), row tiles cut short, a K chunk cut short (32-value formats), experts with no,
-// one and many tokens (past the list's window, main.cpp shrinks MMQ_LIST to reach the
-// flushes), an invalid id (NaN rows). Included by main.cpp after its helpers.
+// Token counts not multiples of the tile (tails of 6 and 36 tokens: fragments skipped),
+// row tiles cut short, a K chunk cut short (32-value formats), x off 16-byte alignment,
+// experts with no, one and many tokens (past the list's window, main.cpp shrinks MMQ_LIST
+// to reach the flushes), an invalid id (NaN rows). Included by main.cpp after its helpers.
 #pragma once
 
 static void mmq_dense_case(const Fmt& f, int m, int k, int n, int x_off) {
@@ -51,7 +51,8 @@ static void mmq_experts_case(const Fmt& f, int per_slot) {
     for (auto& v : x) v = urand(2.0f);
     std::vector<float> out((size_t)n_tokens * n_used * m, -2.0f);
     emu_dynamic_smem_bytes = mmq_bytes_for(f.id) + 4 * MMQ_LIST;
-    launch(4, 256, [&] { mul_mat_experts_mmq(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+    // Per slot: more blocks than mmq_expert_blocks takes (8 here), the rest leave at once.
+    launch(per_slot ? 11 : 4, 256, [&] { mul_mat_experts_mmq(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
     std::vector<float> got;
     std::vector<double> yall, magall;
     bool nan_ok = true;
