@@ -262,7 +262,9 @@ __device__ __forceinline__ void attention_prefill_body(
 #pragma unroll
                 for (uint32_t n = 0; n < ATP_KEYS / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
                 const uint16_t* kw = ks + ((lane & 7) + 8 * (lane >> 4)) * S + 8 * ((lane >> 3) & 1);
-                for (uint32_t d0 = 0; d0 < head_dim; d0 += 16) {
+#pragma unroll
+                for (uint32_t d0 = 0; d0 < HD; d0 += 16) {
+                    if (d0 >= head_dim) break;
                     uint32_t a[4];
                     atp_ldsm<false>(a, qw + d0);
 #pragma unroll

@@ -493,6 +493,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     if (blockDim.x != MMQ_THREADS || need == 0 || need + 4 * MMQ_LIST > mma_smem_size() ||
         !mm_shape_ok(type, k))
         return fill_nan(y, slots * m);
+    if (blockIdx.x >= mmq_expert_blocks()) return;  // no unit for it (see mmq_expert_blocks)
     const ExpertRanks ranks = expert_ranks(ids, slots, present);
     uint32_t* list = (uint32_t*)(smem + need);
     switch (type) {

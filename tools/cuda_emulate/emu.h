@@ -22,9 +22,11 @@
 #define __shared__ static
 #define __constant__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) { return {x, y, z, w}; }
 static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct Dim { unsigned int x = 1, y = 1, z = 1; };

@@ -2,18 +2,22 @@
 // dequantised weights and the quantised activation (mm_ref), for the launches of more than
 // 64 tokens they serve: float accumulation, so a tolerance instead of bit-exactness, tight
 // enough (1e-5 of Σ|w·x|) that a wrong scale, min or sub-block fails by orders of magnitude.
-// Token counts not multiples of the tile (tails of 6 and 36 tokens take the two warp
-// layouts), row tiles cut short, a K chunk cut short (32-value formats), experts with no,
-// one and many tokens (past the list's window, main.cpp shrinks MMQ_LIST to reach the
-// flushes), an invalid id (NaN rows). Included by main.cpp after its helpers.
+// Token counts not multiples of the tile (tails of 6 and 36 tokens: fragments skipped),
+// row tiles cut short, a K chunk cut short (32-value formats), x off 16-byte alignment,
+// experts with no, one and many tokens (past the list's window, main.cpp shrinks MMQ_LIST
+// to reach the flushes), an invalid id (NaN rows). Included by main.cpp after its helpers.
 #pragma once
 
-static void mmq_dense_case(const Fmt& f, int m, int k, int n) {
+static void mmq_dense_case(const Fmt& f, int m, int k, int n, int x_off) {
     auto w = random_weights(f, m, k);
-    std::vector<float> x((size_t)n * k);
-    for (auto& v : x) v = urand(2.0f);
+    std::vector<float> xb((size_t)n * k + x_off);
+    for (auto& v : xb) v = urand(2.0f);
+    std::vector<float> x(xb.begin() + x_off, xb.end());  // the reference's copy
     x[3] = 0.0f;
+    x[5] = -2.5f;  // Q8_K: largest magnitude twice, opposite signs
+    x[9] = 2.5f;
     std::fill(x.begin() + k, x.begin() + k + std::min(k, 256), 0.0f);  // an all-zero block
+    std::copy(x.begin(), x.end(), xb.begin() + x_off);
     size_t off = 2;  // weights off 16-byte alignment
     std::vector<uint8_t> buf(off + w.size() + 32, 0xA5);
     memcpy(buf.data() + off, w.data(), w.size());
@@ -22,9 +26,9 @@ static void mmq_dense_case(const Fmt& f, int m, int k, int n) {
     mm_ref(f, w.data(), rb, x.data(), m, k, n, y, mag);
     emu_dynamic_smem_bytes = mmq_bytes_for(f.id);
     std::vector<float> out((size_t)n * m, -2.0f);
-    launch(3, 256, [&] { mul_mat_mmq(buf.data() + off, x.data(), out.data(), f.id, m, k, n); });
+    launch(3, 256, [&] { mul_mat_mmq(buf.data() + off, xb.data() + x_off, out.data(), f.id, m, k, n); });
     char what[160];
-    snprintf(what, sizeof what, "mul_mat_mmq %s %dx%d n=%d", f.name, m, k, n);
+    snprintf(what, sizeof what, "mul_mat_mmq %s %dx%d n=%d%s", f.name, m, k, n, x_off ? " (x off 16 bytes)" : "");
     report(what, worst_rel(out, y, mag), 1e-5);
 }
 
@@ -47,7 +51,8 @@ static void mmq_experts_case(const Fmt& f, int per_slot) {
     for (auto& v : x) v = urand(2.0f);
     std::vector<float> out((size_t)n_tokens * n_used * m, -2.0f);
     emu_dynamic_smem_bytes = mmq_bytes_for(f.id) + 4 * MMQ_LIST;
-    launch(4, 256, [&] { mul_mat_experts_mmq(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
+    // Per slot: more blocks than mmq_expert_blocks takes (8 here), the rest leave at once.
+    launch(per_slot ? 11 : 4, 256, [&] { mul_mat_experts_mmq(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, n_tokens, n_used, per_slot, eb); });
     std::vector<float> got;
     std::vector<double> yall, magall;
     bool nan_ok = true;
@@ -73,9 +78,9 @@ static void test_mmq() {
     for (const Fmt& f : FORMATS) {
         if (f.qk == 1) continue;
         if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
-        mmq_dense_case(f, 136, 768, 70);  // two row tiles (the second short), 64 + 6 tokens
-        mmq_dense_case(f, 40, 512, 100);  // 64 + 36 tokens
-        if (f.qk == 32) mmq_dense_case(f, 24, 288, 20);  // a chunk of 32 values
+        mmq_dense_case(f, 136, 768, 70, 0);  // two row tiles (the second short), 64 + 6 tokens
+        mmq_dense_case(f, 40, 512, 100, 1);  // 64 + 36 tokens, x not 16-byte aligned
+        if (f.qk == 32) mmq_dense_case(f, 24, 288, 20, 0);  // a chunk of 32 values
         for (int per_slot = 0; per_slot < 2; per_slot++) mmq_experts_case(f, per_slot);
     }
 }

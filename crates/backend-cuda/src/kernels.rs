@@ -100,6 +100,19 @@ const MMA_LIST_MAX: u64 = 8192;
 /// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
 /// a tensor-core path.
 fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
+    let t = tensor_core_format(ty)?;
+    let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
+    let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
+    [32u64, 16, 8].into_iter().find_map(|tokens| {
+        // Weight rows; activation rows, their scales and sums; what the caller adds.
+        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
+        u32::try_from(bytes).ok().filter(|&b| b <= limit)
+    })
+}
+
+/// The quantised format of ggml type `ty` if the tensor-core kernels (mma.cuh, mmq.cuh)
+/// take it.
+fn tensor_core_format(ty: u32) -> Option<strata_quant::QuantType> {
     use strata_quant::QuantType;
     // kernels-cuda/quant.cuh's QUANT_FORMATS.
     const FORMATS: [QuantType; 18] = [
@@ -122,14 +135,7 @@ fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
         QuantType::IQ4_XS,
         QuantType::MXFP4,
     ];
-    let t = QuantType::from_id(ty).filter(|t| FORMATS.contains(t))?;
-    let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
-    let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
-    [32u64, 16, 8].into_iter().find_map(|tokens| {
-        // Weight rows; activation rows, their scales and sums; what the caller adds.
-        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
-        u32::try_from(bytes).ok().filter(|&b| b <= limit)
-    })
+    QuantType::from_id(ty).filter(|t| FORMATS.contains(t))
 }
 
 /// Launches of more than this many tokens attend on tensor cores (attention_prefill.cuh):
@@ -161,6 +167,28 @@ fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
     Some((128 + 4 * 64) * (head_dim + 8) * 2).filter(|&b| b <= limit)
 }
 
+/// Launches of more than this many tokens run mmq.cuh's kernels (float accumulation over
+/// K, within rounding of the one-row kernels); up to it, whose rows must not depend on the
+/// batch (decode, verify windows, short reads), the bit-exact ones.
+const MMQ_MIN_TOKENS_EXCLUSIVE: u32 = 64;
+/// Slots mul_mat_experts_mmq lists at once (kernels-cuda/mmq.cuh MMQ_LIST), 4 bytes each.
+const MMQ_LIST: u64 = 1024;
+
+/// Dynamic shared memory mmq.cuh's kernels take for ggml type `ty` (mmq_layout: 128
+/// weight rows of 272 int8 bytes and their 8 sub-blocks' float4 terms, the raw bytes of a
+/// 256-value chunk of each row, 64 activation rows of 272 bytes and their sub-blocks'
+/// float4 terms), plus `extra`, or `None` for a format without that path.
+fn mmq_shared_bytes(ty: u32, extra: u64, limit: u32) -> Option<u32> {
+    let t = tensor_core_format(ty)?;
+    let chunk = u64::try_from(t.row_bytes(256)?).ok()?;
+    let mut raw_stride = (chunk.div_ceil(16) + 1) * 16;
+    if (raw_stride / 16) % 2 == 0 {
+        raw_stride += 16;
+    }
+    let bytes = 128 * 272 + 8 * 128 * 16 + 128 * raw_stride + 64 * 272 + 8 * 64 * 16;
+    u32::try_from(bytes + extra).ok().filter(|&b| b <= limit)
+}
+
 /// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
 pub(crate) const VARIANTS: &[Variant] = &[
@@ -170,6 +198,15 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "mul_mat_vec",
         applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
         large_smem: false,
+    },
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_mmq",
+        applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 6)) {
+            (Some(ty), Some(n)) if n > MMQ_MIN_TOKENS_EXCLUSIVE => mmq_shared_bytes(ty, 0, limit),
+            _ => None,
+        },
+        large_smem: true,
     },
     Variant {
         of: KernelId::MulMat,
@@ -188,6 +225,17 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "mul_mat_experts_vec",
         applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
         large_smem: false,
+    },
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_mmq",
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 7)) {
+            (Some(ty), Some(n)) if n > MMQ_MIN_TOKENS_EXCLUSIVE => {
+                mmq_shared_bytes(ty, MMQ_LIST * 4, limit)
+            }
+            _ => None,
+        },
+        large_smem: true,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -478,7 +526,15 @@ impl KernelTable {
                 (r == sys::CUresult::CUDA_SUCCESS).then_some(f)
             })
         };
+        // A variant named in STRATA_CUDA_SKIP is left out (its kernel, or another variant,
+        // runs those launches): an A/B of a variant without a rebuild.
+        let skip = std::env::var("STRATA_CUDA_SKIP");
+        let skip = skip.as_deref().unwrap_or(SKIPPED_BY_DEFAULT);
         for v in VARIANTS {
+            if skip.split(',').any(|n| n.trim() == v.func) {
+                tracing::info!("cuda: variant {} left out (STRATA_CUDA_SKIP)", v.func);
+                continue;
+            }
             let module = loaded.iter().find(|(name, _)| *name == v.of.module());
             if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
                 let entry = if v.large_smem {
@@ -561,6 +617,7 @@ impl KernelTable {
                         tracing::info!("cuda: {name} left out (STRATA_CUDA_SKIP)");
                     }
                 }
+                _ if VARIANTS.iter().any(|v| v.func == name) => {} // left out at load
                 _ => tracing::warn!("cuda: STRATA_CUDA_SKIP names {name}, not an optional kernel"),
             }
         }
@@ -773,6 +830,63 @@ mod tests {
         assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
         assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
         assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
+    }
+
+    #[test]
+    fn mmq_variants_take_launches_of_more_than_64_tokens() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let mul_mat = |ty, n| {
+            [
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(ty),
+                KernelArg::U32(2048),
+                KernelArg::U32(2048),
+                KernelArg::U32(n),
+            ]
+        };
+        let experts = |n| {
+            let u = KernelArg::U32;
+            [
+                buf,
+                buf,
+                buf,
+                buf,
+                u(12),
+                u(768),
+                u(2048),
+                u(n),
+                u(8),
+                u(0),
+                KernelArg::U64(1),
+            ]
+        };
+        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        let (dense, experts_v) = (
+            &VARIANTS[find("mul_mat_mmq")],
+            &VARIANTS[find("mul_mat_experts_mmq")],
+        );
+        // Q4_K: raw rows of 144 bytes in 11 segments of 16 (an odd count), see mmq_layout.
+        let bytes = 128 * 272 + 8 * 128 * 16 + 128 * 176 + 64 * 272 + 8 * 64 * 16;
+        assert_eq!(bytes, 99_328);
+        assert_eq!((dense.applies)(&mul_mat(12, 65), 232_448), Some(bytes));
+        assert!((dense.applies)(&mul_mat(12, 64), 232_448).is_none());
+        assert!((dense.applies)(&mul_mat(12, 65), bytes - 1).is_none());
+        assert!((dense.applies)(&mul_mat(1, 512), 232_448).is_none());
+        assert_eq!(
+            (experts_v.applies)(&experts(65), 232_448),
+            Some(bytes + 4096)
+        );
+        assert!((experts_v.applies)(&experts(64), 232_448).is_none());
+        // Listed before the bit-exact kernels, which keep 16..64 tokens (for_launch takes
+        // the first variant that applies).
+        assert!(find("mul_mat_mmq") < find("mul_mat_mma"));
+        assert!(find("mul_mat_experts_mmq") < find("mul_mat_experts_mma"));
     }
 
     #[test]
