@@ -402,7 +402,7 @@ impl Backend for CudaBackend {
             site,
             reason,
         };
-        let (entry, variant_smem) = self
+        let choice = self
             .kernels
             .as_ref()
             .and_then(|t| t.for_launch(kernel, args))
@@ -410,6 +410,7 @@ impl Backend for CudaBackend {
                 what: kernel.name(),
                 backend: NAME,
             })?;
+        let (entry, variant_smem) = (choice.entry, choice.dynamic_smem);
         if let Some(params) = &entry.params {
             kernels::check_args(params, args).map_err(bad)?;
         }
@@ -422,8 +423,14 @@ impl Backend for CudaBackend {
         self.bind()?;
         let s = self.stream(stream)?;
         let [gx, gy, gz] = cfg.grid;
-        let gx = entry.grid_x(gx);
         let [bx, by, bz] = cfg.block;
+        // A variant with coarser units than its kernel's runs on the blocks it has work for
+        // (its units are taken in grid-stride loops, as every kernel's).
+        let gx = match choice.grid.and_then(|g| g(args, bx)) {
+            Some(units) => gx.min(units),
+            None => gx,
+        };
+        let gx = entry.grid_x(gx);
         let timed = match &self.timing {
             Some(t) => t.start(s)?,
             None => None,

@@ -63,6 +63,10 @@ impl KernelEntry {
     }
 }
 
+/// A variant's own grid: the blocks it has work for, from the launch's arguments and block
+/// size (`None`: the launch's grid).
+pub(crate) type VariantGrid = fn(args: &[KernelArg], block_threads: u32) -> Option<u32>;
+
 /// A kernel the backend launches in place of a listed one when `applies` says so for the
 /// launch's arguments: the same signature and bit for bit the same results, compiled for
 /// that shape (ggml-cuda likewise picks its matrix-vector kernel for one-token products).
@@ -75,6 +79,10 @@ pub(crate) struct Variant {
     /// Whether it may ask for more than the default 48 KiB (the limit is raised at load
     /// only for these: a raised limit can change the L1/shared split of every launch).
     pub large_smem: bool,
+    /// The blocks the variant has work for, given the launch's arguments and block size,
+    /// when that is fewer than the launch's grid (its kernel's units are coarser): the
+    /// launch is cut to them instead of scheduling blocks that exit at once.
+    pub grid: Option<VariantGrid>,
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -189,6 +197,17 @@ fn mmq_shared_bytes(ty: u32, extra: u64, limit: u32) -> Option<u32> {
     u32::try_from(bytes + extra).ok().filter(|&b| b <= limit)
 }
 
+/// attention_prefill's units (attention_prefill.cuh): tiles of 16 query rows a warp, as
+/// many tokens as fill them with one K/V head's query heads, per K/V head. The model's grid
+/// for `attention` is a block per (token, query head), 128 times as many at Qwen3's shape.
+fn attention_prefill_grid(args: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let (n_tokens, n_head, n_kv_head) = (u32_arg(args, 5)?, u32_arg(args, 6)?, u32_arg(args, 7)?);
+    let group = n_head.checked_div(n_kv_head)?;
+    let tokens_per_tile = (16 * (block_threads / 32)).checked_div(group)?;
+    let tiles = n_tokens.div_ceil(tokens_per_tile.max(1));
+    tiles.checked_mul(n_kv_head).map(|b| b.max(1))
+}
+
 /// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
 pub(crate) const VARIANTS: &[Variant] = &[
@@ -198,6 +217,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "mul_mat_vec",
         applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
         large_smem: false,
+        grid: None,
     },
     Variant {
         of: KernelId::MulMat,
@@ -207,6 +227,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             _ => None,
         },
         large_smem: true,
+        grid: None,
     },
     Variant {
         of: KernelId::MulMat,
@@ -218,6 +239,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             _ => None,
         },
         large_smem: true,
+        grid: None,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
@@ -225,6 +247,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "mul_mat_experts_vec",
         applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
         large_smem: false,
+        grid: None,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -236,6 +259,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             _ => None,
         },
         large_smem: true,
+        grid: None,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -249,6 +273,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             _ => None,
         },
         large_smem: true,
+        grid: None,
     },
     // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
     Variant {
@@ -256,6 +281,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "attention_prefill",
         applies: attention_prefill_smem,
         large_smem: true,
+        grid: Some(attention_prefill_grid),
     },
 ];
 
@@ -327,6 +353,14 @@ fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error>
     check("cuMemcpyHtoD_v2", unsafe {
         sys::cuMemcpyHtoD_v2(ptr, (&value as *const u32).cast(), 4)
     })
+}
+
+/// What one launch runs: the kernel or a variant, the dynamic shared memory it asks for,
+/// and the variant's own grid, if it has one.
+pub(crate) struct LaunchChoice<'a> {
+    pub entry: &'a KernelEntry,
+    pub dynamic_smem: u32,
+    pub grid: Option<VariantGrid>,
 }
 
 /// Every module of one context and the kernel table built from them.
@@ -528,8 +562,7 @@ impl KernelTable {
         };
         // A variant named in STRATA_CUDA_SKIP is left out (its kernel, or another variant,
         // runs those launches): an A/B of a variant without a rebuild.
-        let skip = std::env::var("STRATA_CUDA_SKIP");
-        let skip = skip.as_deref().unwrap_or(SKIPPED_BY_DEFAULT);
+        let skip = launch.skip_optional.as_str();
         for v in VARIANTS {
             if skip.split(',').any(|n| n.trim() == v.func) {
                 tracing::info!("cuda: variant {} left out (STRATA_CUDA_SKIP)", v.func);
@@ -630,14 +663,25 @@ impl KernelTable {
 
     /// What a launch of `id` with `args` runs: a variant that applies (with the dynamic
     /// shared memory it needs), else the kernel (with none).
-    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<(&KernelEntry, u32)> {
+    pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<LaunchChoice<'_>> {
         // Only a defined kernel has variants (`supports` answers for the kernel).
         let kernel = self.get(id)?;
-        self.variants
+        let chosen = self
+            .variants
             .iter()
             .filter(|(v, _)| v.of == id)
-            .find_map(|(v, e)| (v.applies)(args, e.max_dynamic_smem).map(|smem| (e, smem)))
-            .or(Some((kernel, 0)))
+            .find_map(|(v, e)| {
+                (v.applies)(args, e.max_dynamic_smem).map(|smem| LaunchChoice {
+                    entry: e,
+                    dynamic_smem: smem,
+                    grid: v.grid,
+                })
+            });
+        chosen.or(Some(LaunchChoice {
+            entry: kernel,
+            dynamic_smem: 0,
+            grid: None,
+        }))
     }
 }
 
@@ -815,6 +859,11 @@ mod tests {
             .iter()
             .find(|v| v.func == "attention_prefill")
             .unwrap();
+        // Its grid: 16 tokens x 8 query heads a 256-thread tile, per K/V head.
+        let grid = v.grid.unwrap();
+        assert_eq!(grid(&attention(4096, 32, 4, 128), 256), Some(1024));
+        assert_eq!(grid(&attention(65, 32, 4, 128), 256), Some(20));
+        assert_eq!(grid(&attention(100, 8, 2, 64), 128), Some(14));
         // 384 staged rows of 136 f16 for head_dim 128.
         assert_eq!(
             (v.applies)(&attention(65, 32, 4, 128), 232_448),
