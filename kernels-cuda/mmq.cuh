@@ -323,12 +323,15 @@ __device__ __forceinline__ void mmq_warp_chunk(float (&acc)[RF][TF][4], const Mm
 // few tokens) leaves every warp the same share, and per (row, token) it costs about
 // what 32 rows x 32 tokens a warp would (the epilogue dominates, not the fragment loads).
 // Not inlined: the callers' loop state (the expert kernel's list walk) then waits on the
-// stack once a unit instead of crowding the product loop's registers.
+// stack once a unit instead of crowding the product loop's registers. It finds the shared
+// memory itself, so its pointers are known to be shared ones (LDS/STS, not generic loads).
 template <class F>
-__device__ __noinline__ void mmq_unit(const MmqSmem s, const MmqLayout l, const uint8_t* w,
-                                      uint64_t row_bytes, uint32_t r0, uint32_t m,
-                                      const MmUnit u, float* y, uint64_t y_stride,
+__device__ __noinline__ void mmq_unit(const uint8_t* w, uint64_t row_bytes, uint32_t r0,
+                                      uint32_t m, const MmUnit u, float* y, uint64_t y_stride,
                                       const uint32_t* y_rows) {
+    MMA_SMEM(smem);
+    const MmqLayout l = mmq_layout(mmq_chunk_bytes<F>());
+    const MmqSmem s = mmq_smem(smem, l);
     constexpr int RF = 1, TF = 8;
     constexpr int WR = MMQ_ROWS / (16 * RF);  // warps along the rows
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -375,10 +378,8 @@ __device__ __noinline__ void mmq_unit(const MmqSmem s, const MmqLayout l, const 
 // mul_mat_mmq: units of (row tile, token tile), row tiles of one token tile on neighbouring
 // blocks (they share the activation rows in L2).
 template <class F>
-__device__ void mmq_dense_units(uint8_t* smem, const uint8_t* w, const float* x, float* y,
+__device__ void mmq_dense_units(const uint8_t* w, const float* x, float* y,
                                 uint32_t m, uint32_t k, uint32_t n) {
-    const MmqLayout l = mmq_layout(mmq_chunk_bytes<F>());
-    const MmqSmem s = mmq_smem(smem, l);
     const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
     const uint32_t row_tiles = (m + MMQ_ROWS - 1) / MMQ_ROWS;
     const uint64_t units = (uint64_t)row_tiles * ((n + MMQ_TOKENS - 1) / MMQ_TOKENS);
@@ -390,7 +391,7 @@ __device__ void mmq_dense_units(uint8_t* smem, const uint8_t* w, const float* x,
         const uint64_t t0 = (un / row_tiles) * MMQ_TOKENS;
         u.x = x + t0 * k;
         u.tn = (int)min((uint64_t)MMQ_TOKENS, n - t0);
-        mmq_unit<F>(s, l, w, row_bytes, r0, m, u, y + t0 * m, m, nullptr);
+        mmq_unit<F>(w, row_bytes, r0, m, u, y + t0 * m, m, nullptr);
     }
 }
 
@@ -420,13 +421,11 @@ __device__ __forceinline__ uint32_t mmq_expert_blocks() { return 8; }  // emulat
 #endif
 
 template <class F>
-__device__ void mmq_expert_units(uint8_t* smem, const uint32_t* present, const ExpertRanks& ranks,
+__device__ void mmq_expert_units(const uint32_t* present, const ExpertRanks& ranks,
                                  const uint8_t* w, const float* x, const int32_t* ids, float* y,
                                  uint32_t m, uint32_t k, uint64_t slots, uint32_t n_used,
                                  uint32_t x_per_slot, uint64_t expert_bytes, uint32_t* list,
                                  uint32_t* tile_x, uint32_t* tile_y, int* count) {
-    const MmqLayout l = mmq_layout(mmq_chunk_bytes<F>());
-    const MmqSmem s = mmq_smem(smem, l);
     const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
     const uint32_t row_tiles = (m + MMQ_ROWS - 1) / MMQ_ROWS;
     MmUnit u = {};
@@ -471,7 +470,7 @@ __device__ void mmq_expert_units(uint8_t* smem, const uint32_t* present, const E
                 }
                 __syncthreads();
                 u.tn = tn;
-                mmq_unit<F>(s, l, we, row_bytes, r0, m, u, y, m, tile_y);
+                mmq_unit<F>(we, row_bytes, r0, m, u, y, m, tile_y);
             }
             // The rest (under a tile) moves to the front: its source indices are at least
             // `done` >= MMQ_TOKENS, past every destination, so no copy overwrites another's.

@@ -467,13 +467,12 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     mul_mat_mmq(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                 uint32_t k, uint32_t n) {
-    MMA_SMEM(smem);
     const uint32_t need = mmq_bytes_for(type);
     if (blockDim.x != MMQ_THREADS || need == 0 || need > mma_smem_size() || !mm_shape_ok(type, k))
         return fill_nan(y, (uint64_t)n * m);
     switch (type) {
 #define MMQ_DENSE(id, F) \
-    case id: mmq_dense_units<F>(smem, w, x, y, m, k, n); break;
+    case id: mmq_dense_units<F>(w, x, y, m, k, n); break;
         QUANT_FORMATS(MMQ_DENSE)
 #undef MMQ_DENSE
         default: break;
@@ -499,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(MMQ_THREADS, 2)
     switch (type) {
 #define MMQ_EXPERTS(id, F)                                                                       \
     case id:                                                                                     \
-        mmq_expert_units<F>(smem, present, ranks, w, x, ids, y, m, k, slots, n_used, x_per_slot, \
+        mmq_expert_units<F>(present, ranks, w, x, ids, y, m, k, slots, n_used, x_per_slot,        \
                             expert_bytes, list, tile_x, tile_y, &count);                        \
         break;
         QUANT_FORMATS(MMQ_EXPERTS)
