@@ -381,3 +381,47 @@ fn mul_mat_is_the_same_on_any_thread_count_and_from_two_streams_at_once() {
         "stream 2 differs"
     );
 }
+
+#[test]
+fn mul_mat_rows_do_not_depend_on_their_batch() {
+    // A row's product is the same alone and in a batch (speculative verify windows and the
+    // GPU backends' conformance rely on it): every format, batches that take the batched
+    // kernels (small-batch panels, column blocks), rows compared bit for bit.
+    let mut rng = Rng::new(11);
+    let d = dev(2);
+    for ty in FORMATS {
+        if strata_quant::kernels(ty).is_none() {
+            continue;
+        }
+        let (m, k, n) = (72usize, 1280usize, 40usize);
+        let w = random_weights(ty, m, k, &mut rng);
+        let x = rng.vec(n * k, 2.0);
+        let run = |x: &[f32], n: usize| {
+            let (bw, bx) = (upload(&d, &w), upload(&d, x));
+            let by = d.alloc::<f32>(n * m).unwrap();
+            launch(
+                &d,
+                KernelId::MulMat,
+                &Args::new()
+                    .read(&bw)
+                    .read(&bx)
+                    .write(&by)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(n as u32),
+            );
+            download(&d, &by)
+        };
+        let batch = run(&x, n);
+        for t in 0..n {
+            let alone = run(&x[t * k..(t + 1) * k], 1);
+            for (i, (a, b)) in alone.iter().zip(&batch[t * m..(t + 1) * m]).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits(),
+                    "{ty:?} {m}x{k} n={n}: row {t} element {i}: alone {a}, in the batch {b}"
+                );
+            }
+        }
+    }
+}

@@ -135,9 +135,12 @@ fn mul_mat(
 /// Activations with the corner cases of the quantisers in their first rows: a Q8_K block
 /// whose largest magnitude occurs twice with opposite signs (the first wins), and an
 /// all-zero block.
-/// No value lands exactly halfway between two Q8_0/Q8_1 quants: the CPU backend rounds
-/// such a tie as ggml's x86 quantiser does (to even), the CUDA kernels as ggml-cuda's
-/// (away from zero), and one such tie moves a product by a whole quant step.
+/// No value gets different Q8_0/Q8_1 quants from the two quantisers: the CPU backend (as
+/// ggml's x86 one) scales by 127 / amax and rounds ties to even, the CUDA kernels (as
+/// ggml-cuda's) by 1 / (amax / 127) and round ties away from zero. The two scales can
+/// differ by an ulp, so a product near a half (not only exactly on one) can round to
+/// different quants, and one such value moves a product by a whole quant step (seen in a
+/// 40-token Q4_1 case). Such values are moved an ulp towards zero until both agree.
 fn activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
     let mut x = rng.vec(n * k, 2.0);
     if n >= 2 && k >= 512 {
@@ -150,11 +153,12 @@ fn activations(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
         if amax == 0.0 {
             continue;
         }
-        let id = 1.0 / (amax / 127.0);
+        let (id_gpu, id_cpu) = (1.0 / (amax / 127.0), 127.0 / amax);
+        let differ = |v: f32| (v * id_gpu).round() != (v * id_cpu).round_ties_even();
         for v in block.iter_mut() {
-            let p = *v * id;
-            if (p - p.trunc()).abs() == 0.5 {
-                *v = f32::from_bits(v.to_bits() + 1);
+            // Towards zero, so the block's largest magnitude (and its scale) stays.
+            while differ(*v) && *v != 0.0 {
+                *v = f32::from_bits(v.to_bits() - 1);
             }
         }
     }
