@@ -23,7 +23,8 @@ use strata_core::{
 use crate::compile::{self, Origin as ModuleOrigin};
 use crate::driver::{self, NAME, check};
 use crate::kernel_timing::KernelTiming;
-use crate::kernels::{self, KernelTable, LaunchOptions, MAX_ARGS};
+use crate::kernels::{self, KernelTable, MAX_ARGS};
+use crate::launch_options::LaunchOptions;
 
 /// How a CUDA device is opened.
 #[derive(Clone, Debug)]

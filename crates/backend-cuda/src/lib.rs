@@ -10,11 +10,13 @@ mod compile;
 mod driver;
 mod kernel_timing;
 mod kernels;
+mod launch_options;
 mod source_scan;
+mod variants;
 
 pub use backend::{CudaBackend, CudaOptions};
 pub use compile::{Origin as ModuleOrigin, default_cache_dir, nvrtc_version};
-pub use kernels::{DependentLaunch, LaunchOptions};
+pub use launch_options::{DependentLaunch, LaunchOptions};
 
 use strata_core::{BackendKind, Device, DeviceInfo, Result};
 

@@ -1,0 +1,382 @@
+//! The kernels the backend launches in place of a listed one for some launch shapes
+//! (one-token matvecs, tensor-core products and attention for many tokens), chosen from
+//! the launch's arguments: when each applies, the dynamic shared memory it needs and the
+//! grid it has work for.
+
+use strata_core::{KernelArg, KernelId};
+
+/// A variant's own grid: the blocks it has work for, from the launch's arguments and block
+/// size (`None`: the launch's grid).
+pub(crate) type VariantGrid = fn(args: &[KernelArg], block_threads: u32) -> Option<u32>;
+
+/// A kernel the backend launches in place of a listed one when `applies` says so for the
+/// launch's arguments: the same signature, compiled for that shape (ggml-cuda likewise
+/// picks its matrix-vector kernel for one-token products). Up to 64 tokens a launch its
+/// results are bit for bit the kernel's (decode steps, verify windows and short reads rely
+/// on rows not depending on their batch); past that (mmq.cuh, attention_prefill.cuh) they
+/// agree within rounding.
+pub(crate) struct Variant {
+    pub of: KernelId,
+    pub func: &'static str,
+    /// `Some(bytes of dynamic shared memory it needs)` when the variant runs this launch,
+    /// given the most the kernel may have (`limit`).
+    pub applies: fn(args: &[KernelArg], limit: u32) -> Option<u32>,
+    /// Whether it may ask for more than the default 48 KiB (the limit is raised at load
+    /// only for these: a raised limit can change the L1/shared split of every launch).
+    pub large_smem: bool,
+    /// The blocks the variant has work for, given the launch's arguments and block size,
+    /// when that is fewer than the launch's grid (its kernel's units are coarser): the
+    /// launch is cut to them instead of scheduling blocks that exit at once.
+    pub grid: Option<VariantGrid>,
+}
+
+/// The u32 scalar at argument `i`, if that is one.
+fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
+    match args.get(i) {
+        Some(KernelArg::U32(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// Tokens from which products run on tensor cores (kernels-cuda/mma.cuh): below, the
+/// weights staged in shared memory would serve too few tokens to pay for staging them.
+const MMA_MIN_TOKENS: u32 = 16;
+/// Grouped expert products on tensor cores from this many tokens (a few tokens per
+/// routed expert, with 8 of 128 experts per token).
+const MMA_EXPERTS_MIN_TOKENS: u32 = 64;
+
+/// Slots the grouped expert kernel lists at once (kernels-cuda/model.cu MMA_LIST_MAX).
+const MMA_LIST_MAX: u64 = 8192;
+
+/// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
+/// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
+/// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
+/// a tensor-core path.
+fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
+    let t = tensor_core_format(ty)?;
+    let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
+    let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
+    [32u64, 16, 8].into_iter().find_map(|tokens| {
+        // Weight rows; activation rows, their scales and sums; what the caller adds.
+        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
+        u32::try_from(bytes).ok().filter(|&b| b <= limit)
+    })
+}
+
+/// The quantised format of ggml type `ty` if the tensor-core kernels (mma.cuh, mmq.cuh)
+/// take it.
+fn tensor_core_format(ty: u32) -> Option<strata_quant::QuantType> {
+    use strata_quant::QuantType;
+    // kernels-cuda/quant.cuh's QUANT_FORMATS.
+    const FORMATS: [QuantType; 18] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+        QuantType::IQ2_XXS,
+        QuantType::IQ2_XS,
+        QuantType::IQ2_S,
+        QuantType::IQ3_XXS,
+        QuantType::IQ3_S,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
+        QuantType::MXFP4,
+    ];
+    QuantType::from_id(ty).filter(|t| FORMATS.contains(t))
+}
+
+/// Launches of more than this many tokens attend on tensor cores (attention_prefill.cuh):
+/// the per-row kernel's results do not depend on the batch, which decode steps, verify
+/// windows and short reads need; a prefill only needs them within rounding.
+const ATTENTION_PER_ROW_MAX_TOKENS: u32 = 64;
+
+/// Dynamic shared memory attention_prefill takes (atp_smem_bytes: 128 query rows and two
+/// stages of 64 K and 64 V rows, each row head_dim f16 + 8 of padding), or `None` for a
+/// launch it does not take (head_dim not a multiple of 32 or over 128, a group of query
+/// heads larger than a block's 128 rows) or that does not fit `limit`.
+fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
+    // attention(q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale)
+    let (n_tokens, n_head, n_kv_head, head_dim) = (
+        u32_arg(args, 5)?,
+        u32_arg(args, 6)?,
+        u32_arg(args, 7)?,
+        u32_arg(args, 8)?,
+    );
+    let shape_ok = n_kv_head > 0
+        && n_head % n_kv_head == 0
+        && n_head / n_kv_head <= 128
+        && head_dim > 0
+        && head_dim % 32 == 0
+        && head_dim <= 128;
+    if n_tokens <= ATTENTION_PER_ROW_MAX_TOKENS || !shape_ok {
+        return None;
+    }
+    Some((128 + 4 * 64) * (head_dim + 8) * 2).filter(|&b| b <= limit)
+}
+
+/// Launches of more than this many tokens run mmq.cuh's kernels (float accumulation over
+/// K, within rounding of the one-row kernels); up to it, whose rows must not depend on the
+/// batch (decode, verify windows, short reads), the bit-exact ones.
+const MMQ_MIN_TOKENS_EXCLUSIVE: u32 = 64;
+/// Slots mul_mat_experts_mmq lists at once (kernels-cuda/mmq.cuh MMQ_LIST), 4 bytes each.
+const MMQ_LIST: u64 = 1024;
+
+/// Dynamic shared memory mmq.cuh's kernels take for ggml type `ty` (mmq_layout: 128
+/// weight rows of 272 int8 bytes and their 8 sub-blocks' float4 terms, the raw bytes of a
+/// 256-value chunk of each row, 64 activation rows of 272 bytes and their sub-blocks'
+/// float4 terms), plus `extra`, or `None` for a format without that path.
+fn mmq_shared_bytes(ty: u32, extra: u64, limit: u32) -> Option<u32> {
+    let t = tensor_core_format(ty)?;
+    let chunk = u64::try_from(t.row_bytes(256)?).ok()?;
+    let mut raw_stride = (chunk.div_ceil(16) + 1) * 16;
+    if (raw_stride / 16) % 2 == 0 {
+        raw_stride += 16;
+    }
+    let bytes = 128 * 272 + 8 * 128 * 16 + 128 * raw_stride + 64 * 272 + 8 * 64 * 16;
+    u32::try_from(bytes + extra).ok().filter(|&b| b <= limit)
+}
+
+/// attention_prefill's units (attention_prefill.cuh): tiles of 16 query rows a warp, as
+/// many tokens as fill them with one K/V head's query heads, per K/V head. The model's grid
+/// for `attention` is a block per (token, query head), 128 times as many at Qwen3's shape.
+fn attention_prefill_grid(args: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let (n_tokens, n_head, n_kv_head) = (u32_arg(args, 5)?, u32_arg(args, 6)?, u32_arg(args, 7)?);
+    let group = n_head.checked_div(n_kv_head)?;
+    let tokens_per_tile = (16 * (block_threads / 32)).checked_div(group)?;
+    let tiles = n_tokens.div_ceil(tokens_per_tile.max(1));
+    tiles.checked_mul(n_kv_head).map(|b| b.max(1))
+}
+
+/// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
+/// staging) and of many (mma.cuh: tensor cores).
+pub(crate) const VARIANTS: &[Variant] = &[
+    // mul_mat(w, x, y | type, m, k, n)
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_vec",
+        applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
+        large_smem: false,
+        grid: None,
+    },
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_mmq",
+        applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 6)) {
+            (Some(ty), Some(n)) if n > MMQ_MIN_TOKENS_EXCLUSIVE => mmq_shared_bytes(ty, 0, limit),
+            _ => None,
+        },
+        large_smem: true,
+        // Units of 128 rows x 64 tokens (mmq.cuh), where ops.rs gives a block per 16 rows
+        // and 8 tokens.
+        grid: Some(|a, _| {
+            let (m, n) = (u32_arg(a, 4)?, u32_arg(a, 6)?);
+            m.div_ceil(128).checked_mul(n.div_ceil(64))
+        }),
+    },
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_mma",
+        applies: |a, limit| match (u32_arg(a, 3), u32_arg(a, 5), u32_arg(a, 6)) {
+            (Some(ty), Some(k), Some(n)) if n >= MMA_MIN_TOKENS => {
+                mma_shared_bytes(ty, k, 0, limit)
+            }
+            _ => None,
+        },
+        large_smem: true,
+        grid: None,
+    },
+    // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_vec",
+        applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
+        large_smem: false,
+        grid: None,
+    },
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_mmq",
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 7)) {
+            (Some(ty), Some(n)) if n > MMQ_MIN_TOKENS_EXCLUSIVE => {
+                mmq_shared_bytes(ty, MMQ_LIST * 4, limit)
+            }
+            _ => None,
+        },
+        large_smem: true,
+        grid: None,
+    },
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_mma",
+        applies: |a, limit| match (u32_arg(a, 4), u32_arg(a, 6), u32_arg(a, 7), u32_arg(a, 8)) {
+            (Some(ty), Some(k), Some(n), Some(used)) if n >= MMA_EXPERTS_MIN_TOKENS => {
+                // Room for the listed slots, 4 bytes each.
+                let list = (u64::from(n) * u64::from(used)).min(MMA_LIST_MAX) * 4;
+                mma_shared_bytes(ty, k, list, limit)
+            }
+            _ => None,
+        },
+        large_smem: true,
+        grid: None,
+    },
+    // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
+    Variant {
+        of: KernelId::Attention,
+        func: "attention_prefill",
+        applies: attention_prefill_smem,
+        large_smem: true,
+        grid: Some(attention_prefill_grid),
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::{Access, RawBuffer};
+
+    #[test]
+    fn variants_apply_to_one_token_launches_only() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let mul_mat = |n| {
+            [
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(12),
+                KernelArg::U32(64),
+                KernelArg::U32(256),
+                KernelArg::U32(n),
+            ]
+        };
+        let v = VARIANTS.iter().find(|v| v.of == KernelId::MulMat).unwrap();
+        assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
+        assert!((v.applies)(&mul_mat(8), 0).is_none());
+        assert!((v.applies)(&mul_mat(1)[..6], 0).is_none());
+        // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
+        let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
+        assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
+        // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
+        let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
+        assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
+        assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
+        assert!((mma.applies)(&mul_mat(16), 1000).is_none());
+        let mut f16 = mul_mat(64);
+        f16[3] = KernelArg::U32(1);
+        assert!((mma.applies)(&f16, 232_448).is_none());
+    }
+
+    #[test]
+    fn attention_prefill_applies_to_long_launches_it_can_take() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let attention = |n_tokens, n_head, n_kv_head, head_dim| {
+            [
+                buf,
+                buf,
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(n_tokens),
+                KernelArg::U32(n_head),
+                KernelArg::U32(n_kv_head),
+                KernelArg::U32(head_dim),
+                KernelArg::U32(4096),
+                KernelArg::F32(0.1),
+            ]
+        };
+        let v = VARIANTS
+            .iter()
+            .find(|v| v.func == "attention_prefill")
+            .unwrap();
+        // Its grid: 16 tokens x 8 query heads a 256-thread tile, per K/V head.
+        let grid = v.grid.unwrap();
+        assert_eq!(grid(&attention(4096, 32, 4, 128), 256), Some(1024));
+        assert_eq!(grid(&attention(65, 32, 4, 128), 256), Some(20));
+        assert_eq!(grid(&attention(100, 8, 2, 64), 128), Some(14));
+        // 384 staged rows of 136 f16 for head_dim 128.
+        assert_eq!(
+            (v.applies)(&attention(65, 32, 4, 128), 232_448),
+            Some(104_448)
+        );
+        assert_eq!(
+            (v.applies)(&attention(512, 8, 2, 64), 232_448),
+            Some(55_296)
+        );
+        assert!((v.applies)(&attention(64, 32, 4, 128), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 128), 104_447).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 80), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
+        assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
+    }
+
+    #[test]
+    fn mmq_variants_take_launches_of_more_than_64_tokens() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        let mul_mat = |ty, n| {
+            [
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(ty),
+                KernelArg::U32(2048),
+                KernelArg::U32(2048),
+                KernelArg::U32(n),
+            ]
+        };
+        let experts = |n| {
+            let u = KernelArg::U32;
+            [
+                buf,
+                buf,
+                buf,
+                buf,
+                u(12),
+                u(768),
+                u(2048),
+                u(n),
+                u(8),
+                u(0),
+                KernelArg::U64(1),
+            ]
+        };
+        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        let (dense, experts_v) = (
+            &VARIANTS[find("mul_mat_mmq")],
+            &VARIANTS[find("mul_mat_experts_mmq")],
+        );
+        // Q4_K: raw rows of 144 bytes in 11 segments of 16 (an odd count), see mmq_layout.
+        let bytes = 128 * 272 + 8 * 128 * 16 + 128 * 176 + 64 * 272 + 8 * 64 * 16;
+        assert_eq!(bytes, 99_328);
+        assert_eq!((dense.applies)(&mul_mat(12, 65), 232_448), Some(bytes));
+        assert!((dense.applies)(&mul_mat(12, 64), 232_448).is_none());
+        assert!((dense.applies)(&mul_mat(12, 65), bytes - 1).is_none());
+        assert!((dense.applies)(&mul_mat(1, 512), 232_448).is_none());
+        assert_eq!(
+            (experts_v.applies)(&experts(65), 232_448),
+            Some(bytes + 4096)
+        );
+        assert!((experts_v.applies)(&experts(64), 232_448).is_none());
+        // Listed before the bit-exact kernels, which keep 16..64 tokens (for_launch takes
+        // the first variant that applies).
+        assert!(find("mul_mat_mmq") < find("mul_mat_mma"));
+        assert!(find("mul_mat_experts_mmq") < find("mul_mat_experts_mma"));
+    }
+}
