@@ -48,6 +48,16 @@ pub fn device(ordinal: usize) -> Result<Device> {
     device_with(ordinal, &CudaOptions::default())
 }
 
+/// A [`Device`] over CUDA device `ordinal` with every optional kernel in use, whatever
+/// the default (or `STRATA_CUDA_SKIP`) leaves out: for tests that launch them directly.
+pub fn device_with_every_kernel(ordinal: usize) -> Result<Device> {
+    let opts = CudaOptions {
+        launch: LaunchOptions::all_kernels(),
+        ..CudaOptions::default()
+    };
+    device_with(ordinal, &opts)
+}
+
 /// A [`Device`] over CUDA device `ordinal`, opened with `opts`.
 pub fn device_with(ordinal: usize, opts: &CudaOptions) -> Result<Device> {
     Device::new(Box::new(CudaBackend::new(ordinal, opts)?))

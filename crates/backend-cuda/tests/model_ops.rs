@@ -35,11 +35,7 @@ pub fn pair(test: &str) -> Option<Pair> {
     let lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
     // Every optional kernel in use, whatever the default leaves out: the fused kernels'
     // tests launch them directly.
-    let opts = strata_backend_cuda::CudaOptions {
-        launch: strata_backend_cuda::LaunchOptions::all_kernels(),
-        ..Default::default()
-    };
-    let gpu = match strata_backend_cuda::device_with(0, &opts) {
+    let gpu = match strata_backend_cuda::device_with_every_kernel(0) {
         Ok(d) => d,
         Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
             eprintln!("{test}: skipped, no CUDA device here ({e})");

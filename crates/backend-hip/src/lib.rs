@@ -65,6 +65,13 @@ pub fn device(ordinal: usize) -> Result<Device> {
     device_with(ordinal, &HipOptions::default())
 }
 
+/// A [`Device`] over HIP device `ordinal` with every kernel it has in use, for tests that
+/// launch optional kernels directly (the HIP backend leaves none out; the CUDA backend's
+/// function of the same name overrides its default skip list).
+pub fn device_with_every_kernel(ordinal: usize) -> Result<Device> {
+    device(ordinal)
+}
+
 /// A [`Device`] over HIP device `ordinal`, opened with `opts`.
 pub fn device_with(ordinal: usize, opts: &HipOptions) -> Result<Device> {
     Device::new(Box::new(HipBackend::new(ordinal, opts)?))
