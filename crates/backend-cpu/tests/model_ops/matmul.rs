@@ -1,7 +1,7 @@
 //! mul_mat and mul_mat_experts against an f64 product of the dequantised weights and
 //! the dequantised quantised activations (what ggml's vec_dot multiplies).
 
-use strata_core::{Args, KernelId};
+use strata_core::{Args, Device, KernelId};
 use strata_quant::QuantType;
 
 use super::{Rng, THREADS, assert_close, dev, download, expect_kernel_error, launch, upload};
@@ -116,6 +116,31 @@ fn tolerance(ty: QuantType) -> f64 {
     }
 }
 
+/// `x (n x k) * w^T` on `d` by the mul_mat kernel, `w` holding `m` rows of type `ty`.
+fn mul_mat(
+    d: &Device,
+    ty: QuantType,
+    w: &[u8],
+    x: &[f32],
+    (m, k, n): (usize, usize, usize),
+) -> Vec<f32> {
+    let (bw, bx) = (upload(d, w), upload(d, x));
+    let by = d.alloc::<f32>(n * m).unwrap();
+    launch(
+        d,
+        KernelId::MulMat,
+        &Args::new()
+            .read(&bw)
+            .read(&bx)
+            .write(&by)
+            .u32(ty.id())
+            .u32(m as u32)
+            .u32(k as u32)
+            .u32(n as u32),
+    );
+    download(d, &by)
+}
+
 #[test]
 fn mul_mat_matches_the_dequantised_product_for_every_format() {
     let mut rng = Rng::new(10);
@@ -143,24 +168,10 @@ fn mul_mat_matches_the_dequantised_product_for_every_format() {
             let x = rng.vec(n * k, 2.0);
             let (want, mag) = reference(ty, &w, m, k, &x);
             for d in &devs {
-                let (bw, bx) = (upload(d, &w), upload(d, &x));
-                let by = d.alloc::<f32>(n * m).unwrap();
-                launch(
-                    d,
-                    KernelId::MulMat,
-                    &Args::new()
-                        .read(&bw)
-                        .read(&bx)
-                        .write(&by)
-                        .u32(ty.id())
-                        .u32(m as u32)
-                        .u32(k as u32)
-                        .u32(n as u32),
-                );
                 let tol = tolerance(ty);
                 assert_close(
                     &format!("{ty:?} {m}x{k} n={n}"),
-                    &download(d, &by),
+                    &mul_mat(d, ty, &w, &x, (m, k, n)),
                     &want,
                     |i| tol * mag[i] + 1e-6,
                 );
@@ -396,26 +407,9 @@ fn mul_mat_rows_do_not_depend_on_their_batch() {
         let (m, k, n) = (72usize, 1280usize, 40usize);
         let w = random_weights(ty, m, k, &mut rng);
         let x = rng.vec(n * k, 2.0);
-        let run = |x: &[f32], n: usize| {
-            let (bw, bx) = (upload(&d, &w), upload(&d, x));
-            let by = d.alloc::<f32>(n * m).unwrap();
-            launch(
-                &d,
-                KernelId::MulMat,
-                &Args::new()
-                    .read(&bw)
-                    .read(&bx)
-                    .write(&by)
-                    .u32(ty.id())
-                    .u32(m as u32)
-                    .u32(k as u32)
-                    .u32(n as u32),
-            );
-            download(&d, &by)
-        };
-        let batch = run(&x, n);
+        let batch = mul_mat(&d, ty, &w, &x, (m, k, n));
         for t in 0..n {
-            let alone = run(&x[t * k..(t + 1) * k], 1);
+            let alone = mul_mat(&d, ty, &w, &x[t * k..(t + 1) * k], (m, k, 1));
             for (i, (a, b)) in alone.iter().zip(&batch[t * m..(t + 1) * m]).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits(),
