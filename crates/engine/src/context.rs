@@ -25,6 +25,9 @@ pub struct Context {
     n_ubatch: u32,
     /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
     pub(crate) decode_graph: Option<Graph>,
+    /// Captured verify windows (`LogitRows::AllAsDecode`), one per window length, valid
+    /// for this scratch: a speculative step replays one instead of launching every op.
+    window_graphs: Vec<(usize, Graph)>,
     use_graphs: bool,
     /// The expert cache that runs the routed experts, when they are not all on the device
     /// (a step then waits for the device at every MoE layer and is not captured).
@@ -66,6 +69,7 @@ impl Context {
             scratch,
             tokens: Vec::new(),
             decode_graph: None,
+            window_graphs: Vec::new(),
             use_graphs: true,
             experts: None,
             max_ctx: n_ctx,
@@ -77,7 +81,7 @@ impl Context {
     /// without its experts on the device).
     pub fn set_expert_cache(&mut self, cache: Option<SharedExpertCache>) {
         self.experts = cache;
-        self.decode_graph = None;
+        self.drop_graphs();
     }
 
     pub fn expert_cache(&self) -> Option<&SharedExpertCache> {
@@ -91,12 +95,19 @@ impl Context {
         Some(c.take_stats())
     }
 
-    /// Whether single-token steps replay a captured graph (the default) or launch each
-    /// kernel; both give the same logits bit for bit.
+    /// Forgets the captured steps (the scratch, the K/V buffers or the expert runner they
+    /// recorded have changed).
+    pub(crate) fn drop_graphs(&mut self) {
+        self.decode_graph = None;
+        self.window_graphs.clear();
+    }
+
+    /// Whether single-token steps and verify windows replay captured graphs (the default)
+    /// or launch each kernel; both give the same logits bit for bit.
     pub fn set_graphs(&mut self, on: bool) {
         self.use_graphs = on;
         if !on {
-            self.decode_graph = None;
+            self.drop_graphs();
         }
     }
 
@@ -170,7 +181,7 @@ impl Context {
             LogitRows::AllAsDecode => (tokens.len() as u32).max(16).min(n_max),
         };
         if self.scratch.logit_rows < logit_rows {
-            self.decode_graph = None;
+            self.drop_graphs();
             self.scratch = Scratch::new(&self.dev, &self.model, n_max, logit_rows)?;
         }
         let mut out = Vec::new();
@@ -193,6 +204,11 @@ impl Context {
                 cache.between_steps()?;
             } else if chunk.len() == 1 && rows == LogitRows::Last && self.use_graphs {
                 self.step_graph(chunk, pos0)?;
+            } else if rows == LogitRows::AllAsDecode
+                && self.use_graphs
+                && chunk.len() <= WINDOW_GRAPH_MAX_TOKENS
+            {
+                self.window_graph(chunk, pos0)?;
             } else {
                 self.model.forward(
                     &self.dev,
@@ -227,14 +243,7 @@ impl Context {
         let (model, scratch, kv) = (&self.model, &self.scratch, &self.kv);
         model.prepare(dev, stream, scratch, kv, token, pos0)?;
         if self.decode_graph.is_none() {
-            let graph = dev.capture(stream, |d| {
-                model
-                    .record(d, stream, scratch, kv, 1, LogitRows::Last)
-                    .map_err(|e| match e {
-                        strata_model::ModelError::Device(e) => e,
-                        other => strata_core::Error::Capture(other.to_string()),
-                    })
-            })?;
+            let graph = capture_step(model, dev, stream, scratch, kv, 1, LogitRows::Last)?;
             tracing::debug!("decode step captured: {} buffers", graph.buffer_count());
             self.decode_graph = Some(graph);
         }
@@ -243,7 +252,55 @@ impl Context {
         }
         Ok(())
     }
+
+    /// A verify window of `tokens` through its captured graph (capturing it the first time
+    /// a window of this length runs): each row as a one-token step computes it.
+    fn window_graph(&mut self, tokens: &[u32], pos0: u32) -> Result<()> {
+        let (dev, stream) = (&self.dev, self.stream);
+        let (model, scratch, kv) = (&self.model, &self.scratch, &self.kv);
+        model.prepare(dev, stream, scratch, kv, tokens, pos0)?;
+        let n = tokens.len();
+        if !self.window_graphs.iter().any(|(len, _)| *len == n) {
+            let rows = LogitRows::AllAsDecode;
+            let graph = capture_step(model, dev, stream, scratch, kv, n as u32, rows)?;
+            tracing::debug!(
+                "verify window of {n} captured: {} buffers",
+                graph.buffer_count()
+            );
+            self.window_graphs.push((n, graph));
+        }
+        if let Some((_, graph)) = self.window_graphs.iter_mut().find(|(len, _)| *len == n) {
+            dev.replay(graph, stream)?;
+        }
+        Ok(())
+    }
 }
+
+/// One forward pass of `n` tokens recorded into a graph (the tokens and positions it reads
+/// are uploaded by `Model::prepare` before each replay).
+fn capture_step(
+    model: &Model,
+    dev: &Device,
+    stream: Stream,
+    scratch: &Scratch,
+    kv: &KvCache,
+    n: u32,
+    rows: LogitRows,
+) -> Result<Graph> {
+    let graph = dev.capture(stream, |d| {
+        model
+            .record(d, stream, scratch, kv, n, rows)
+            .map_err(|e| match e {
+                strata_model::ModelError::Device(e) => e,
+                other => strata_core::Error::Capture(other.to_string()),
+            })
+    })?;
+    Ok(graph)
+}
+
+/// Longest verify window replayed from a captured graph (`--spec` drafts at most 8, so
+/// windows hold at most 9 tokens; short reads go through windows of the same sizes).
+const WINDOW_GRAPH_MAX_TOKENS: usize = 16;
 
 /// `batch` in `ceil(len / ubatch)` pieces of near-equal size: none is longer than
 /// `ubatch`, and for `ubatch >= 4` none of a batch of 2+ tokens is a single token.

@@ -243,7 +243,7 @@ impl Context {
             .resized(&self.dev, &self.model, cells, keep, self.stream)?;
         self.kv = kv;
         // A captured step reads the old buffers.
-        self.decode_graph = None;
+        self.drop_graphs();
         Ok(())
     }
 
@@ -251,7 +251,7 @@ impl Context {
     /// position is forgotten (a trimmed conversation has been parked).
     fn replace_kv_empty(&mut self, cells: u32) -> Result<()> {
         self.tokens.clear();
-        self.decode_graph = None;
+        self.drop_graphs();
         let none = KvCache::with_format(&self.dev, &self.model, 0, self.kv.format)?;
         drop(std::mem::replace(&mut self.kv, none));
         // The old buffers are freed once the stream is past their last use, when core

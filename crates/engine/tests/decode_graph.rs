@@ -1,6 +1,7 @@
 //! A decode step replayed from a captured graph gives exactly the logits of the same step
 //! launched kernel by kernel, at every position (the positions come from a device buffer
-//! the step uploads, not from the recording), and the K/V it leaves behind is the same.
+//! the step uploads, not from the recording), and the K/V it leaves behind is the same. So
+//! do speculative verify windows (one graph per window length).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -42,6 +43,26 @@ fn run(model: &Arc<Model>, dev: &strata_core::Device, graphs: bool, steps: usize
     out
 }
 
+/// Prompt, then verify windows of several lengths (each length twice, at other positions,
+/// and once after a rewind, as rejected drafts cause); every window's logits, then a step.
+fn run_windows(model: &Arc<Model>, dev: &strata_core::Device, graphs: bool) -> Vec<Vec<f32>> {
+    let mut ctx = Context::new(model.clone(), dev.clone(), 128, 16).unwrap();
+    ctx.set_graphs(graphs);
+    let mut out = vec![ctx.eval(&[1, 7, 42, 99, 3]).unwrap()];
+    for (i, len) in [2usize, 5, 2, 9, 5, 1].into_iter().enumerate() {
+        let window: Vec<u32> = (0..len as u32)
+            .map(|j| (i as u32 * 53 + j * 17 + 5) % 512)
+            .collect();
+        out.push(ctx.eval_verify(&window).unwrap());
+        if len > 2 {
+            let keep = ctx.tokens().len() - len + 1;
+            ctx.truncate(keep);
+        }
+    }
+    out.push(ctx.eval(&[77]).unwrap());
+    out
+}
+
 #[test]
 fn graph_replay_matches_eager_decode_bit_for_bit() {
     let dev = strata_backend_cpu::device(strata_backend_cpu::CpuOptions::from_env()).unwrap();
@@ -66,6 +87,24 @@ fn graph_replay_matches_eager_decode_bit_for_bit() {
                 "{arch:?} {quant}: step {i} differs between graph and eager"
             );
         }
+        let eager = run_windows(&model, &dev, false);
+        let graph = run_windows(&model, &dev, true);
+        for (i, (e, g)) in eager.iter().zip(&graph).enumerate() {
+            assert!(
+                e.iter().all(|x| x.is_finite()),
+                "{arch:?} {quant}: window {i}"
+            );
+            assert_eq!(
+                e, g,
+                "{arch:?} {quant}: window {i} differs between graph and eager"
+            );
+        }
+        // The two windows of 2 tokens ran at different positions: different logits.
+        assert_ne!(
+            graph[1], graph[3],
+            "{arch:?} {quant}: a replayed window went stale"
+        );
+        let graph = run(&model, &dev, true, 12);
         // The steps must differ from each other, or a stale position would go unnoticed.
         assert_ne!(
             graph[1], graph[2],
