@@ -206,22 +206,18 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                 if w_off > 0 { " (offset)" } else { "" }
             );
             rep.close(&what, &gpu, &cpu, TOL, |i| mag[i]);
+            // Row t of x alone (the one-token kernel).
+            let alone = |t: usize| {
+                let x_t = &x[t * k..(t + 1) * k];
+                mul_mat(&p.gpu, ty, &w, w_off, x_t, (m, k, 1), &ops_cfg(m))
+            };
             if si == 7 {
                 // Rows alone (the one-token kernel) agree within rounding, not bit for bit:
                 // a wrong scale, min or sub-block in either misses by far more.
                 for t in [0usize, 63, 64, 99] {
-                    let alone = mul_mat(
-                        &p.gpu,
-                        ty,
-                        &w,
-                        w_off,
-                        &x[t * k..(t + 1) * k],
-                        (m, k, 1),
-                        &ops_cfg(m),
-                    );
                     rep.close(
                         &format!("{what} row {t} alone"),
-                        &alone,
+                        &alone(t),
                         &gpu[t * m..(t + 1) * m],
                         TOL,
                         |i| mag[t * m + i],
@@ -238,18 +234,9 @@ fn mul_mat_matches_the_cpu_for_every_format() {
                     &[0, 31, 32, 39]
                 };
                 for &t in rows {
-                    let alone = mul_mat(
-                        &p.gpu,
-                        ty,
-                        &w,
-                        w_off,
-                        &x[t * k..(t + 1) * k],
-                        (m, k, 1),
-                        &ops_cfg(m),
-                    );
                     rep.exact(
                         &format!("{what} row {t} alone"),
-                        &alone,
+                        &alone(t),
                         &gpu[t * m..(t + 1) * m],
                     );
                 }
