@@ -299,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                 float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
                 uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
                 uint32_t n) {
-    pdl_begin_qkv(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v, k, n);
+    pdl_begin_qkv(qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v), k, n);
     __shared__ MvShared sh;
     if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
         !mm_shape_ok(type_v, k)) {
@@ -307,23 +307,19 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         fill_nan(yk, (uint64_t)n * m_k);
         return fill_nan(yv, (uint64_t)n * m_v);
     }
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t gq = (m_q + rows - 1) / rows, gk = (m_k + rows - 1) / rows,
-                   gv = (m_v + rows - 1) / rows;
-    const uint64_t per_token = gq + gk + gv;
+    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v);
     uint64_t staged = ~(uint64_t)0;
-    for (uint64_t un = blockIdx.x; un < (uint64_t)n * per_token; un += gridDim.x) {
-        const uint64_t t = un / per_token;
-        uint64_t g = un % per_token;
-        const int j = g < gq ? 0 : g < gq + gk ? 1 : 2;
-        g -= j == 0 ? 0 : j == 1 ? gq : gq + gk;
-        const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
-        const uint32_t m = j == 0 ? m_q : j == 1 ? m_k : m_v;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n * qu.per_token(); un += gridDim.x) {
+        uint64_t t;
+        int j;
+        uint32_t r0;
+        qu.locate(un, t, j, r0);
+        const uint32_t type = qu.type(j), m = qu.m(j);
         MmUnit u = one_row_unit(type, m, k);
-        u.w = j == 0 ? wq : j == 1 ? wk : wv;
+        u.w = qu.w(j);
         u.x = x + t * k;
         u.y = (j == 0 ? yq : j == 1 ? yk : yv) + t * m;
-        u.r0 = (uint32_t)g * rows;
+        u.r0 = r0;
         u.act_key = t * 4 + mv_act_format(type);
         mv_unit(sh, type, u, staged);
     }
@@ -431,8 +427,9 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                      uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot,
                      uint32_t mode, float freq_base, float freq_scale, float ext_factor,
                      float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
-    pdl_begin_qkv(wq, wk, wv, type_q, type_k, type_v, n_head * head_dim, n_kv_head * head_dim,
-                  n_kv_head * head_dim, k, n_tokens);
+    pdl_begin_qkv(qkv_units(wq, wk, wv, type_q, type_k, type_v, n_head * head_dim,
+                            n_kv_head * head_dim, n_kv_head * head_dim),
+                  k, n_tokens);
     __shared__ MvShared sh;
     __shared__ float head[QKR_MAX_HEAD_DIM];
     __shared__ uint32_t finished;  // bit i: this unit's block finishes its (i + 1)-th head
@@ -452,21 +449,19 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                        v_cache,  n_head,   n_kv_head, head_dim, n_ctx,  norm, eps, p,
                        rope_consts(p)};
     const uint32_t heads = n_head + 2 * n_kv_head;
-    const uint64_t gq = (m_q + rows - 1) / rows, gkv = (m_kv + rows - 1) / rows;
-    const uint64_t per_token = gq + 2 * gkv;
+    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_kv, m_kv);
     uint64_t staged = ~(uint64_t)0;
-    for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * per_token; un += gridDim.x) {
-        const uint64_t t = un / per_token;
-        uint64_t g = un % per_token;
-        const int j = g < gq ? 0 : g < gq + gkv ? 1 : 2;
-        g -= j == 0 ? 0 : j == 1 ? gq : gq + gkv;
-        const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
-        const uint32_t m = j == 0 ? m_q : m_kv;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * qu.per_token(); un += gridDim.x) {
+        uint64_t t;
+        int j;
+        uint32_t r0;
+        qu.locate(un, t, j, r0);
+        const uint32_t type = qu.type(j), m = qu.m(j);
         MmUnit u = one_row_unit(type, m, k);
-        u.w = j == 0 ? wq : j == 1 ? wk : wv;
+        u.w = qu.w(j);
         u.x = x + t * k;
         u.y = (j == 0 ? yq : j == 1 ? yk : yv) + t * m;
-        u.r0 = (uint32_t)g * rows;
+        u.r0 = r0;
         u.act_key = t * 4 + mv_act_format(type);
         mv_unit(sh, type, u, staged);
         // The heads of this unit's rows (at most 32: rows <= 32 · head_dim); a head's

@@ -99,48 +99,60 @@ __device__ void mv_dot(MvShared& sh, const MmUnit& u, const uint8_t* const* wrow
     for (int rr = 0; rr < MV_ROWS; rr++) out[rr] = warp_sum(acc[rr]);
 }
 
-// The bytes of the weight rows of the first unit a block of mv_product (below) takes, for
-// pdl_begin_prefetch: rows r0.. of its row group, none past the launch's units.
-__device__ __forceinline__ uint64_t mv_first_rows_bytes(uint32_t type, uint32_t m, uint32_t k,
-                                                        uint64_t n, uint64_t& offset) {
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
-    if (blockIdx.x >= n * groups) return 0;
-    const uint32_t r0 = (uint32_t)(blockIdx.x % groups) * rows;
+// pdl_begin() with rows r0.. of a unit of `rows_per_unit` rows of `w` (m rows of type
+// `type`, k values) prefetched first; `any` false: the block has no unit, nothing to fetch.
+__device__ __forceinline__ void pdl_begin_rows(const uint8_t* w, uint32_t type, uint32_t m,
+                                               uint32_t k, uint32_t r0, bool any) {
     const uint64_t row_bytes = mm_row_bytes(type, k);
-    offset = r0 * row_bytes;
-    return (uint64_t)min(rows, m - r0) * row_bytes;
+    const uint64_t rows = any ? (uint64_t)min(mv_rows_per_unit(), m - r0) : 0;
+    pdl_begin_prefetch(any ? w + r0 * row_bytes : nullptr, rows * row_bytes);
 }
 
-// pdl_begin() for a kernel whose blocks start with mv_product's first unit of `w`.
+// pdl_begin() for a kernel whose blocks start with mv_product's first unit of `w` (below).
 __device__ __forceinline__ void pdl_begin_mv(const uint8_t* w, uint32_t type, uint32_t m,
                                              uint32_t k, uint64_t n) {
-    uint64_t offset = 0;
-    const uint64_t bytes = mv_first_rows_bytes(type, m, k, n, offset);
-    pdl_begin_prefetch(bytes ? w + offset : nullptr, bytes);
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    const uint32_t r0 = (uint32_t)(blockIdx.x % groups) * rows;
+    pdl_begin_rows(w, type, m, k, r0, blockIdx.x < n * groups);
 }
 
-// pdl_begin() for mul_mat_qkv(_rope) (fused.cu), whose units per token are Q's row groups,
-// then K's, then V's: the block's first unit's rows.
-__device__ __forceinline__ void pdl_begin_qkv(const uint8_t* wq, const uint8_t* wk,
+// The units of mul_mat_qkv and mul_mat_qkv_rope (fused.cu): per token, Q's row groups of
+// mv_rows_per_unit() rows, then K's, then V's. Matrix j is 0 (Q), 1 (K) or 2 (V).
+struct QkvUnits {
+    const uint8_t *wq, *wk, *wv;
+    uint32_t type_q, type_k, type_v, m_q, m_k, m_v, rows;
+    uint64_t gq, gk, gv;
+    __device__ uint64_t per_token() const { return gq + gk + gv; }
+    __device__ const uint8_t* w(int j) const { return j == 0 ? wq : j == 1 ? wk : wv; }
+    __device__ uint32_t type(int j) const { return j == 0 ? type_q : j == 1 ? type_k : type_v; }
+    __device__ uint32_t m(int j) const { return j == 0 ? m_q : j == 1 ? m_k : m_v; }
+    // Unit `un`'s token, matrix and first row there.
+    __device__ void locate(uint64_t un, uint64_t& t, int& j, uint32_t& r0) const {
+        t = un / per_token();
+        uint64_t g = un % per_token();
+        j = g < gq ? 0 : g < gq + gk ? 1 : 2;
+        g -= j == 0 ? 0 : j == 1 ? gq : gq + gk;
+        r0 = (uint32_t)g * rows;
+    }
+};
+
+__device__ __forceinline__ QkvUnits qkv_units(const uint8_t* wq, const uint8_t* wk,
                                               const uint8_t* wv, uint32_t type_q,
                                               uint32_t type_k, uint32_t type_v, uint32_t m_q,
-                                              uint32_t m_k, uint32_t m_v, uint32_t k,
-                                              uint64_t n) {
+                                              uint32_t m_k, uint32_t m_v) {
     const uint32_t rows = mv_rows_per_unit();
-    const uint64_t gq = (m_q + rows - 1) / rows, gk = (m_k + rows - 1) / rows,
-                   gv = (m_v + rows - 1) / rows;
-    uint64_t g = blockIdx.x % (gq + gk + gv);
-    const int j = g < gq ? 0 : g < gq + gk ? 1 : 2;
-    g -= j == 0 ? 0 : j == 1 ? gq : gq + gk;
-    const uint8_t* w = j == 0 ? wq : j == 1 ? wk : wv;
-    const uint32_t type = j == 0 ? type_q : j == 1 ? type_k : type_v;
-    const uint32_t m = j == 0 ? m_q : j == 1 ? m_k : m_v;
-    const uint32_t r0 = (uint32_t)g * rows;
-    const uint64_t row_bytes = mm_row_bytes(type, k);
-    const bool any = blockIdx.x < n * (gq + gk + gv) && r0 < m;
-    pdl_begin_prefetch(any ? w + r0 * row_bytes : nullptr,
-                       any ? (uint64_t)min(rows, m - r0) * row_bytes : 0);
+    return {wq,  wk,  wv,   type_q, type_k, type_v, m_q, m_k, m_v, rows,
+            (m_q + rows - 1) / rows, (m_k + rows - 1) / rows, (m_v + rows - 1) / rows};
+}
+
+// pdl_begin() for mul_mat_qkv(_rope): the rows of the block's first unit prefetched.
+__device__ __forceinline__ void pdl_begin_qkv(const QkvUnits& qu, uint32_t k, uint64_t n) {
+    uint64_t t;
+    int j;
+    uint32_t r0;
+    qu.locate(blockIdx.x, t, j, r0);
+    pdl_begin_rows(qu.w(j), qu.type(j), qu.m(j), k, r0, t < n);
 }
 
 // Rows r0 + rr · nwarps + warp of the unit (as mm_quant_unit assigns them).
