@@ -75,6 +75,30 @@ pub fn upload_then_read_on_other_stream(dev: &Device) -> Result<()> {
     dev.synchronize()
 }
 
+/// A large upload (copied into staging by several threads) lands whole, at an offset,
+/// and the next one through the same staging does not disturb it.
+pub fn large_upload_lands_whole(dev: &Device) -> Result<()> {
+    let s = dev.main_stream();
+    // Not a multiple of the per-thread chunk, so the last thread's part is short.
+    let n = (37 << 20) / 4 + 123;
+    let buf = dev.alloc::<u32>(n + 7)?;
+    for round in 0..2u32 {
+        let data: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) ^ round)
+            .collect();
+        dev.upload_at(&buf, 7, &data, s)?;
+        let got = dev.download(&buf, s)?.wait()?;
+        if let Some(i) = (0..n).find(|&i| got[7 + i] != data[i]) {
+            return Err(Error::Capture(format!(
+                "conformance failure (large upload): round {round}: element {i} is {:#x}, expected {:#x}",
+                got[7 + i],
+                data[i]
+            )));
+        }
+    }
+    dev.synchronize()
+}
+
 /// A kernel's write on stream A is seen by a kernel on B and a download on C.
 pub fn kernel_write_then_read_on_other_streams(dev: &Device) -> Result<()> {
     let (a, b, c) = (
@@ -391,6 +415,7 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@each $make;
             upload_then_read_on_other_stream,
+            large_upload_lands_whole,
             kernel_write_then_read_on_other_streams,
             copy_then_read_on_other_stream,
             write_after_read,
