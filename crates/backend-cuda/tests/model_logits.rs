@@ -21,8 +21,16 @@
 //!   ≥ 90 % of positions.
 //!
 //! A 100-token prompt in one pass (the prefill kernels for more than 64 tokens: mmq.cuh and
-//! attention_prefill.cuh, whose sums are not in the one-row kernels' order) gets the same
-//! bounds.
+//! attention_prefill.cuh) is not in the one-row kernels' arithmetic: mmq sums in another
+//! order, and attention_prefill multiplies f16 queries by the f16 cache on tensor cores
+//! (as llama.cpp's CUDA flash attention does) where the CPU keeps f32 queries, so every
+//! position after the first (which attends to itself alone) carries score differences of
+//! ~1e-4. The float models show that directly and keep their bound (measured on the H200:
+//! 2.7e-4, 6.7e-4). In the quantised models those differences flip activation quants at
+//! every later position, and the median moves to 3e-3..2.4e-2 (H200, session 7), so the
+//! quantised one-pass bounds are: position 0 (products only) within 1e-3, the median
+//! within 5e-2, and the max and top-1 bounds above (a wrong mask, rope or tile moves
+//! positions by O(1)).
 //!
 //! And two invariants of the GPU alone, bit for bit: the same run twice gives the same
 //! logits, and feeding the prompt in batches of 16 or one token at a time gives the same
@@ -41,6 +49,8 @@ use strata_model::synth::{SynthArch, SynthSpec, synthesize};
 
 const FLOAT_MAX_TOL: f64 = 1e-3;
 const QUANT_MEDIAN_TOL: f64 = 1e-2;
+const ONE_PASS_QUANT_MEDIAN_TOL: f64 = 5e-2;
+const ONE_PASS_FIRST_TOL: f64 = 1e-3;
 const QUANT_MAX_TOL: f64 = 0.5;
 const MIN_SAME_TOP1: f64 = 0.9;
 const PROMPT: usize = 40;
@@ -120,7 +130,7 @@ fn compare(
         ));
     }
     let what = format!("{PROMPT} prompt + {DECODE_STEPS} decode");
-    failures.extend(judge(name, &what, &c, &g, float));
+    failures.extend(judge(name, &what, &c, &g, float, false));
     // A prompt longer than 64 tokens in one pass: the prefill kernels (mmq.cuh,
     // attention_prefill.cuh), which sum in another order than the one-row kernels.
     let long: Vec<u32> = (0..LONG_PROMPT)
@@ -129,13 +139,21 @@ fn compare(
     let c = logits(cpu, &gguf, &long, &[], LONG_PROMPT as u32);
     let g = logits(gpu, &gguf, &long, &[], LONG_PROMPT as u32);
     let what = format!("{LONG_PROMPT} prompt tokens in one pass");
-    failures.extend(judge(name, &what, &c, &g, float));
+    failures.extend(judge(name, &what, &c, &g, float, true));
     failures
 }
 
 /// The CPU's logits `c` against the GPU's `g`, position by position, with the bounds of
-/// the module comment; failure descriptions.
-fn judge(name: &str, what: &str, c: &[Vec<f32>], g: &[Vec<f32>], float: bool) -> Vec<String> {
+/// the module comment (`one_pass`: a prompt through the prefill kernels); failure
+/// descriptions.
+fn judge(
+    name: &str,
+    what: &str,
+    c: &[Vec<f32>],
+    g: &[Vec<f32>],
+    float: bool,
+    one_pass: bool,
+) -> Vec<String> {
     let mut failures = Vec::new();
     if c.len() != g.len() {
         failures.push(format!("{name}: {} vs {} positions", c.len(), g.len()));
@@ -183,9 +201,20 @@ fn judge(name: &str, what: &str, c: &[Vec<f32>], g: &[Vec<f32>], float: bool) ->
             ));
         }
     } else {
-        if median.is_nan() || median > QUANT_MEDIAN_TOL {
+        let median_tol = if one_pass {
+            ONE_PASS_QUANT_MEDIAN_TOL
+        } else {
+            QUANT_MEDIAN_TOL
+        };
+        if median.is_nan() || median > median_tol {
             failures.push(format!(
-                "{name}: median relative logit error {median:.3e} > {QUANT_MEDIAN_TOL:.0e}"
+                "{name}: median relative logit error {median:.3e} > {median_tol:.0e}"
+            ));
+        }
+        if one_pass && (errs[0].is_nan() || errs[0] > ONE_PASS_FIRST_TOL) {
+            failures.push(format!(
+                "{name}: position 0 relative logit error {:.3e} > {ONE_PASS_FIRST_TOL:.0e}",
+                errs[0]
             ));
         }
         if max.is_nan() || max > QUANT_MAX_TOL {
