@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use strata_engine::spec::SpecStats;
+use strata_engine::experts::ExpertStats;
+use strata_engine::spec::{SpecStats, WindowCost, measure_window_cost};
 use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec};
 
 use super::common::{self, ModelArgs};
@@ -42,6 +43,13 @@ pub struct Args {
     /// (greedy; drafts come from the prompt and the output so far). 0: off.
     #[arg(long, default_value_t = 0)]
     pub spec: usize,
+    /// Instead of pp/tg: what a verify window of K+1 positions costs against one decode
+    /// step. Decodes -n tokens greedily after a random prompt of -p tokens, one per step,
+    /// then again in windows whose K drafts replay that output (all accepted, whatever
+    /// the weights); each step and window timed, captures and K/V growth in an untimed
+    /// warm-up. Windows up to 16 positions replay captured graphs (unless --no-graphs).
+    #[arg(long, value_name = "K", conflicts_with = "spec")]
+    pub spec_window_cost: Option<usize>,
 }
 
 /// Bytes of weights one decode token reads: every matrix once, the routed experts'
@@ -120,7 +128,7 @@ fn print_profile(what: &str, times: &[strata_core::KernelTime], steps: usize) {
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut model_args = args.model.clone();
     // At least the warm-up's six positions (a prompt of four, then two decode steps).
-    let need = ((args.n_prompt.max(args.depth) + args.n_gen + 1) as u32).max(6);
+    let need = ((args.n_prompt.max(args.depth).max(1) + args.n_gen + 1) as u32).max(6);
     model_args.ctx = Some(model_args.ctx.unwrap_or(need).max(need));
     let loaded = common::load(&model_args)?;
     let vocab = loaded.model.hp.n_vocab;
@@ -147,6 +155,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.eval(&[1, 2, 3, 4])?;
         ctx.eval(&[5])?;
         ctx.eval(&[6])?;
+    }
+    if let Some(k) = args.spec_window_cost {
+        return window_cost(&args, &loaded, &new_context, k, &mut rng);
     }
     let (mut pp_s, mut tg_s) = (0.0, 0.0);
     let mut decode_profile = Vec::new();
@@ -279,6 +290,116 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 100.0 * f
             );
         }
+    }
+    Ok(())
+}
+
+/// `--spec-window-cost K`: the timings of `-r` measurements pooled, on stdout as text or
+/// one JSON object; the expert cache's statistics of the last one on stderr.
+fn window_cost(
+    args: &Args,
+    loaded: &common::Loaded,
+    new_context: &dyn Fn() -> anyhow::Result<Context>,
+    k: usize,
+    rng: &mut strata_engine::sampler::Rng,
+) -> anyhow::Result<()> {
+    let vocab = loaded.model.hp.n_vocab as u64;
+    let reps = args.reps.max(1);
+    let mut cost = WindowCost::default();
+    for rep in 0..reps {
+        let mut ctx = new_context()?;
+        let prompt: Vec<u32> = (0..args.n_prompt.max(1))
+            .map(|_| (rng.next_u64() % vocab) as u32)
+            .collect();
+        let c = measure_window_cost(&mut ctx, &prompt, args.n_gen, k)?;
+        cost.add(&c);
+        tracing::info!("window-cost repetition {}/{reps} done", rep + 1);
+    }
+    let hit_rate = |s: &Option<ExpertStats>| {
+        s.as_ref().map(|s| {
+            let hits = s.decode_hits + s.prefill_hits;
+            let all = hits + s.decode_misses + s.prefill_misses;
+            if all == 0 {
+                1.0
+            } else {
+                hits as f64 / all as f64
+            }
+        })
+    };
+    if let (Some(p), Some(w)) = (&cost.plain_experts, &cost.window_experts) {
+        eprintln!("strata bench: plain steps: {p}");
+        // Windows are batched steps: the decode figures of the line above stay 0.
+        eprintln!(
+            "strata bench: windows: expert cache hit rate {:.1}% ({} of {} routed experts), PCIe {:.2} MiB, CPU pool {:.3} s",
+            100.0 * hit_rate(&cost.window_experts).unwrap_or(1.0),
+            w.decode_hits + w.prefill_hits,
+            w.decode_hits + w.prefill_hits + w.decode_misses + w.prefill_misses,
+            w.bus_bytes() as f64 / (1u64 << 20) as f64,
+            w.pool_seconds
+        );
+    }
+    let (step_ms, window_ms) = (
+        1e3 * cost.mean_step_seconds(),
+        1e3 * cost.mean_window_seconds(),
+    );
+    let median_ms = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).map_or(0.0, |s| 1e3 * s)
+    };
+    let info = loaded.dev.info();
+    if args.json {
+        let obj = serde_json::json!({
+            "model": args.model.model.display().to_string(),
+            "architecture": loaded.model.hp.arch,
+            "backend": info.backend.name(),
+            "device": info.name,
+            "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+            "graphs": !args.no_graphs,
+            "kv": loaded.kv.name(),
+            "n_ctx": loaded.n_ctx,
+            "prompt_tokens": args.n_prompt.max(1),
+            "decode_tokens": args.n_gen,
+            "repetitions": reps,
+            "spec_window_k": k,
+            "window_positions": k + 1,
+            "plain_steps": cost.step_seconds.len(),
+            "windows": cost.window_seconds.len(),
+            "step_ms": step_ms,
+            "window_ms": window_ms,
+            "step_ms_median": median_ms(&cost.step_seconds),
+            "window_ms_median": median_ms(&cost.window_seconds),
+            "window_step_ratio": cost.ratio(),
+            "plain_tokens_per_s": cost.plain_tokens_per_s(),
+            "window_tokens_per_s": cost.window_tokens_per_s(),
+            "expert_cache": loaded.experts.is_some(),
+            "plain_expert_hit_rate": hit_rate(&cost.plain_experts),
+            "window_expert_hit_rate": hit_rate(&cost.window_experts),
+        });
+        println!("{obj}");
+    } else {
+        println!(
+            "model: {} ({}), backend: {} on {}, graphs {}",
+            args.model.model.display(),
+            loaded.model.hp.arch,
+            info.backend.name(),
+            info.name,
+            if args.no_graphs { "off" } else { "on" }
+        );
+        println!(
+            "plain decode step: {step_ms:.3} ms (median {:.3}; {} steps, {:.1} tokens/s)",
+            median_ms(&cost.step_seconds),
+            cost.step_seconds.len(),
+            cost.plain_tokens_per_s()
+        );
+        println!(
+            "verify window of {} positions: {window_ms:.3} ms (median {:.3}; {} windows, every one accepted {k} drafts, {:.1} tokens/s)",
+            k + 1,
+            median_ms(&cost.window_seconds),
+            cost.window_seconds.len(),
+            cost.window_tokens_per_s()
+        );
+        println!("window / step: {:.3}x", cost.ratio());
     }
     Ok(())
 }

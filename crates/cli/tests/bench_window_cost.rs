@@ -1,0 +1,122 @@
+//! `strata bench --spec-window-cost K` on a small synthetic MoE file (CPU backend): the
+//! JSON object's counts follow from -n and K (every window accepted its K drafts, or the
+//! command fails), its figures are consistent with each other, with graphs, without, and
+//! with offloaded experts; too few tokens for a window is an error.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("run strata")
+}
+
+fn synth_file() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-window-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tiny-qwen3moe.gguf");
+    let path = file.to_str().unwrap();
+    let out = strata(&[
+        "synth",
+        "--arch",
+        "qwen3moe",
+        "--layers",
+        "2",
+        "--hidden",
+        "128",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--experts",
+        "8",
+        "--experts-used",
+        "2",
+        "--expert-ffn",
+        "128",
+        "--quant",
+        "Q8_0",
+        "-o",
+        path,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    file
+}
+
+fn bench(file: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["bench", "-m", file.to_str().unwrap(), "--backend", "cpu"];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let out = strata(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "strata {args:?} failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn f(v: &serde_json::Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+#[test]
+fn window_cost_reports_consistent_figures() {
+    let file = synth_file();
+    let n = 18;
+    for (k, extra) in [
+        (1, vec![]),
+        (4, vec![]),
+        (4, vec!["--no-graphs"]),
+        (5, vec!["--expert-cache", "8"]),
+    ] {
+        let ks = k.to_string();
+        let mut args = vec!["-p", "7", "-n", "18", "-r", "2", "--spec-window-cost", &ks];
+        args.extend_from_slice(&extra);
+        let v = bench(&file, &args);
+        let what = format!("K {k} {extra:?}: {v}");
+        // Two repetitions pooled.
+        assert_eq!(v["plain_steps"], 2 * (n - 1), "{what}");
+        assert_eq!(v["windows"], 2 * ((n - 1) / (k + 1)), "{what}");
+        assert_eq!(v["window_positions"], k + 1, "{what}");
+        assert_eq!(v["graphs"], !extra.contains(&"--no-graphs"), "{what}");
+        let (step, window) = (f(&v, "step_ms"), f(&v, "window_ms"));
+        assert!(step > 0.0 && window > 0.0, "{what}");
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs());
+        assert!(close(f(&v, "window_step_ratio"), window / step), "{what}");
+        assert!(close(f(&v, "plain_tokens_per_s"), 1e3 / step), "{what}");
+        let per_window = (k + 1) as f64 * 1e3 / window;
+        assert!(close(f(&v, "window_tokens_per_s"), per_window), "{what}");
+        let cached = extra.contains(&"--expert-cache");
+        assert_eq!(v["expert_cache"], cached, "{what}");
+        for key in ["plain_expert_hit_rate", "window_expert_hit_rate"] {
+            match v[key].as_f64() {
+                Some(r) => assert!(cached && (0.0..=1.0).contains(&r), "{what}"),
+                None => assert!(!cached, "{what}"),
+            }
+        }
+    }
+    // -n 5 holds no window of 5 positions and its bonus token.
+    let out = strata(&[
+        "bench",
+        "-m",
+        file.to_str().unwrap(),
+        "--backend",
+        "cpu",
+        "-n",
+        "5",
+        "--spec-window-cost",
+        "4",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("hold no window"), "{stderr}");
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
