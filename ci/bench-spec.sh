@@ -12,9 +12,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${REPS:-3}; k=${K:-4}; n1k=${N_1K:-1024}
 workloads=${WORKLOADS:-"rewrite_function repeat_function rewrite_1k"}
-cargo build --release -q -p strata-cli
-strata=${CARGO_TARGET_DIR:-target}/release/strata
-model=$(ci/fetch-models.sh)
+# STRATA (a built binary: no cargo build), MODEL (no fetch), STRATA_ARGS (e.g. "--backend
+# cuda") and LLAMA_ARGS (e.g. "-ngl 99") let the same script run on a GPU machine.
+if [ -n "${STRATA:-}" ]; then
+  strata=$STRATA
+else
+  cargo build --release -q -p strata-cli
+  strata=${CARGO_TARGET_DIR:-target}/release/strata
+fi
+model=${MODEL:-$(ci/fetch-models.sh)}
+read -r -a strata_args <<<"${STRATA_ARGS:-}"
+read -r -a llama_args <<<"${LLAMA_ARGS:-}"
 fixtures=tests/fixtures/spec
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -38,7 +46,7 @@ for w in $workloads; do
   for r in $(seq "$reps"); do
     for s in 0 "$k"; do
       # shellcheck disable=SC2046
-      $strata run -m "$model" --temp 0 --ignore-eos $(args "$w") --spec "$s" \
+      $strata run -m "$model" "${strata_args[@]}" --temp 0 --ignore-eos $(args "$w") --spec "$s" \
         -f "$fixtures/$w.txt" >"$out/$w.$s.$r.txt" 2>"$out/$w.$s.$r.log"
       grep -o 'generated [0-9]* tokens in [0-9.]* s ([0-9.]* tokens/s)' "$out/$w.$s.$r.log" |
         sed 's/.*(\([0-9.]*\) tokens.*/\1/' >"$out/$w.$s.$r.tps"
@@ -66,7 +74,8 @@ llama_bin=${LLAMA_BIN:-/work/oracle/llama.cpp/build/bin}
 if [ "${LLAMA:-1}" != 0 ] && [ -x "$llama_bin/llama-server" ]; then
   port=${PORT:-18391}
   serve() {
-    "$llama_bin/llama-server" -m "$model" -t "$(nproc)" -c 4096 -np 1 --port "$port" "$@" \
+    "$llama_bin/llama-server" -m "$model" -t "$(nproc)" -c 4096 -np 1 --port "$port" \
+      "${llama_args[@]}" "$@" \
       >"$out/server.log" 2>&1 &
     pid=$!
     for _ in $(seq 120); do curl -sf "localhost:$port/health" >/dev/null && return; sleep 0.5; done
