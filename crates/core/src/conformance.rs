@@ -99,6 +99,36 @@ pub fn large_upload_lands_whole(dev: &Device) -> Result<()> {
     dev.synchronize()
 }
 
+/// Pieces uploaded together (one staging buffer filled by several threads) land at their
+/// offsets, and nothing between them changes.
+pub fn ranged_upload_lands_in_place(dev: &Device) -> Result<()> {
+    let s = dev.main_stream();
+    let n = (40 << 20) / 4;
+    let buf = dev.alloc::<u32>(n)?;
+    let mut want = vec![0xDEAD_BEEF_u32; n];
+    dev.upload(&buf, &want, s)?;
+    // Sizes from a few words to several per-thread chunks, gaps between them.
+    let sizes = [3usize, 1 << 20, 5, (3 << 20) + 17, 1000, 2 << 20, 1];
+    let mut pieces = Vec::new();
+    let mut at = 11;
+    for (j, &len) in sizes.iter().enumerate() {
+        let data: Vec<u32> = (0..len as u32).map(|i| i ^ ((j as u32) << 24)).collect();
+        want[at..at + len].copy_from_slice(&data);
+        pieces.push((at, data));
+        at += len + 4099;
+    }
+    let refs: Vec<(usize, &[u32])> = pieces.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+    dev.upload_ranges(&buf, &refs, s)?;
+    let got = dev.download(&buf, s)?.wait()?;
+    if let Some(i) = (0..n).find(|&i| got[i] != want[i]) {
+        return Err(Error::Capture(format!(
+            "conformance failure (ranged upload): element {i} is {:#x}, expected {:#x}",
+            got[i], want[i]
+        )));
+    }
+    dev.synchronize()
+}
+
 /// A kernel's write on stream A is seen by a kernel on B and a download on C.
 pub fn kernel_write_then_read_on_other_streams(dev: &Device) -> Result<()> {
     let (a, b, c) = (
@@ -416,6 +446,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             upload_then_read_on_other_stream,
             large_upload_lands_whole,
+            ranged_upload_lands_in_place,
             kernel_write_then_read_on_other_streams,
             copy_then_read_on_other_stream,
             write_after_read,

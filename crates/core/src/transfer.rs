@@ -25,25 +25,48 @@ const PARALLEL_COPY_THREADS: usize = 8;
 /// # Safety
 /// `dst` must be valid for writes of `src.len()` bytes and not overlap `src`.
 unsafe fn host_copy(dst: *mut u8, src: &[u8]) {
+    // SAFETY: the caller's contract, for the one part at offset 0.
+    unsafe { host_copy_parts(dst, &[(0, src)]) }
+}
+
+/// Copies each `(offset, bytes)` part to `dst + offset`, the parts laid end to end from 0
+/// (as [`host_copy`], split over threads by bytes when the whole is large).
+///
+/// # Safety
+/// `dst` must be valid for writes of the parts' total length and overlap none of them.
+unsafe fn host_copy_parts(dst: *mut u8, parts: &[(usize, &[u8])]) {
+    let total: usize = parts.iter().map(|(_, b)| b.len()).sum();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(PARALLEL_COPY_THREADS)
-        .min(src.len() / PARALLEL_COPY_CHUNK);
-    if threads <= 1 {
-        // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
-        return;
-    }
+        .min(total / PARALLEL_COPY_CHUNK);
     // Raw pointers are not Send; the address is, and each thread writes its own range.
     let base = dst as usize;
-    let chunk = src.len().div_ceil(threads);
+    // Copies the bytes [lo, hi) of the parts' concatenation.
+    let copy_span = move |lo: usize, hi: usize| {
+        for &(at, bytes) in parts {
+            let (a, b) = (at.max(lo), (at + bytes.len()).min(hi));
+            if a < b {
+                // SAFETY: inside the caller's destination; spans of different calls
+                // are disjoint.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr().add(a - at),
+                        (base + a) as *mut u8,
+                        b - a,
+                    )
+                };
+            }
+        }
+    };
+    if threads <= 1 {
+        copy_span(0, total);
+        return;
+    }
+    let chunk = total.div_ceil(threads);
     std::thread::scope(|s| {
-        for (i, part) in src.chunks(chunk).enumerate() {
-            s.spawn(move || {
-                let d = (base + i * chunk) as *mut u8;
-                // SAFETY: disjoint sub-ranges of the caller's destination.
-                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), d, part.len()) };
-            });
+        for t in 0..threads {
+            s.spawn(move || copy_span(t * chunk, ((t + 1) * chunk).min(total)));
         }
     });
 }
@@ -124,6 +147,65 @@ impl Device {
                 site,
             )?
         };
+        self.inner.complete(&mut st, stream.index, &accesses);
+        let ev = self.inner.backend.record_event(raw_stream)?;
+        st.staging[slot].busy = Some(ev);
+        Ok(())
+    }
+
+    /// Writes each `(offset, data)` piece into `dst[offset..]` on `stream`, as one upload
+    /// (ordered as [`Device::upload`]): the pieces are copied into one staging buffer by
+    /// several threads when they are large together, then each goes over the bus. Dozens
+    /// of expert matrices bound for cache slots then cost one parallel host copy instead
+    /// of a single-threaded memcpy each.
+    #[track_caller]
+    pub fn upload_ranges<T: bytemuck::Pod>(
+        &self,
+        dst: &DeviceBuffer<T>,
+        pieces: &[(usize, &[T])],
+        stream: Stream,
+    ) -> Result<()> {
+        let site = std::panic::Location::caller();
+        self.inner.check_stream(stream, site)?;
+        self.inner.check_owner(dst.state(), site)?;
+        dst.check_writable(site)?;
+        for (offset, data) in pieces {
+            dst.check_range("upload_ranges", *offset, data.len(), site)?;
+        }
+        let size = std::mem::size_of::<T>();
+        let mut parts = Vec::with_capacity(pieces.len());
+        let mut total = 0;
+        for (_, data) in pieces {
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            parts.push((total, bytes));
+            total += bytes.len();
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let mut st = self.inner.lock();
+        self.inner.refuse_during_capture(&st, "upload", site)?;
+        self.inner.collect(&mut st);
+        let slot = self.inner.staging_slot(&mut st, total)?;
+        // SAFETY: the slot is idle (its last copy's event completed) and large enough.
+        unsafe { host_copy_parts(st.staging[slot].pinned.ptr, &parts) };
+        let accesses = [(dst.state().clone(), Access::Write)];
+        self.inner.order(&mut st, stream.index, &accesses)?;
+        let raw_stream = st.streams[stream.index as usize].raw;
+        for ((offset, _), (at, bytes)) in pieces.iter().zip(&parts) {
+            // SAFETY: staging stays untouched until the event recorded below completes.
+            unsafe {
+                self.inner.backend.copy_h2d(
+                    raw_stream,
+                    dst.state().raw,
+                    offset * size,
+                    &st.staging[slot].pinned,
+                    *at,
+                    bytes.len(),
+                    site,
+                )?
+            };
+        }
         self.inner.complete(&mut st, stream.index, &accesses);
         let ev = self.inner.backend.record_event(raw_stream)?;
         st.staging[slot].busy = Some(ev);

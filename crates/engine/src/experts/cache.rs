@@ -173,20 +173,37 @@ impl ExpertCache {
     /// (ordered uploads: kernels still reading the slot's old expert finish first, and
     /// every later reader waits for the new bytes).
     fn fill(&mut self, slot: usize, layer: usize, e: u32) -> Result<(), ExpertError> {
-        let lay = self.layout.layers[layer].ok_or(ExpertError::NotMoe(layer))?;
-        let base = slot * self.layout.slot_bytes as usize;
-        let file = self.gguf.bytes();
-        for m in &lay.mats {
-            let range = m.file_range(e);
-            let bytes = file
-                .get(range.clone())
-                .ok_or(ExpertError::OutsideFile(layer, e))?;
-            self.dev
-                .upload_at(&self.slots, base + m.slot_offset as usize, bytes, self.copy)?;
-            self.stats.bytes_fill += bytes.len() as u64;
+        self.fill_many(&[(slot, layer, e)])
+    }
+
+    /// [`ExpertCache::fill`] for each `(slot, layer, expert)`, their matrices uploaded
+    /// together in batches of up to 64 MiB (one parallel host copy each, not a memcpy per
+    /// matrix): a cache fill at start-up or a trim's refill moves hundreds of MB.
+    fn fill_many(&mut self, fills: &[(usize, usize, u32)]) -> Result<(), ExpertError> {
+        const BATCH: usize = 64 << 20;
+        let gguf = self.gguf.clone();
+        let file = gguf.bytes();
+        let sb = self.layout.slot_bytes as usize;
+        let mut pieces: Vec<(usize, &[u8])> = Vec::new();
+        let mut pending = 0;
+        for (i, &(slot, layer, e)) in fills.iter().enumerate() {
+            let lay = self.layout.layers[layer].ok_or(ExpertError::NotMoe(layer))?;
+            for m in &lay.mats {
+                let bytes = file
+                    .get(m.file_range(e))
+                    .ok_or(ExpertError::OutsideFile(layer, e))?;
+                pieces.push((slot * sb + m.slot_offset as usize, bytes));
+                pending += bytes.len();
+            }
+            self.table.assign(slot, layer, e);
+            self.stats.slot_fills += 1;
+            if pending >= BATCH || i + 1 == fills.len() {
+                self.dev.upload_ranges(&self.slots, &pieces, self.copy)?;
+                self.stats.bytes_fill += pending as u64;
+                pieces.clear();
+                pending = 0;
+            }
         }
-        self.table.assign(slot, layer, e);
-        self.stats.slot_fills += 1;
         Ok(())
     }
 
@@ -209,9 +226,13 @@ impl ExpertCache {
         let ne = self.layout.n_expert as usize;
         let layout = &self.layout;
         let hot = by_heat(&self.counts, ne, |l, e| layout.is_expert(l, e));
-        for (slot, &(l, e)) in hot.iter().take(self.table.n_slots()).enumerate() {
-            self.fill(slot, l, e)?;
-        }
+        let fills: Vec<(usize, usize, u32)> = hot
+            .iter()
+            .take(self.table.n_slots())
+            .enumerate()
+            .map(|(slot, &(l, e))| (slot, l, e))
+            .collect();
+        self.fill_many(&fills)?;
         self.publish()
     }
 

@@ -86,14 +86,12 @@ impl ExpertCache {
         let want = by_heat(&self.counts, ne, |l, e| {
             layout.is_expert(l, e) && table.slot_of(l, e).is_none()
         });
-        let mut filled = 0;
-        for (l, e) in want {
-            let Some(slot) = self.table.free_slot() else {
-                break;
-            };
-            self.fill(slot, l, e)?;
-            filled += 1;
-        }
+        // The free slots in order, as free_slot() would hand them out one fill at a time.
+        let free = (0..self.table.n_slots()).filter(|&s| self.table.owner(s).is_none());
+        let fills: Vec<(usize, usize, u32)> =
+            free.zip(want).map(|(slot, (l, e))| (slot, l, e)).collect();
+        self.fill_many(&fills)?;
+        let filled = fills.len();
         if self.table.publish_with(&self.dev, self.copy, upload)? {
             self.stats.bytes_fill += self.table.table_bytes();
         }
