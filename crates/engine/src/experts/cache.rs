@@ -485,7 +485,8 @@ impl ExpertCache {
 impl ExpertCache {
     /// Queues `layer`'s experts into staging set `set`: those `want` names that are not
     /// `done` already, from their slots when resident (if `from_slots`), otherwise from
-    /// the file, consecutive experts in one upload. Returns which ones came from the file.
+    /// the file (a matrix's runs of consecutive experts in one upload of several pieces).
+    /// Returns which ones came from the file.
     fn stage(
         &mut self,
         set: usize,
@@ -524,6 +525,8 @@ impl ExpertCache {
         let mut uploaded = vec![false; ne];
         for (buf, m) in lend.iter().zip(&lay.mats) {
             let eb = m.bytes as usize;
+            // The matrix's runs of experts from the file, uploaded together at the end.
+            let mut pieces: Vec<(usize, &[u8])> = Vec::new();
             let mut e = 0;
             while e < ne {
                 if !pending(e) {
@@ -548,9 +551,10 @@ impl ExpertCache {
                 let bytes = file
                     .get(range)
                     .ok_or(ExpertError::OutsideFile(layer, start as u32))?;
-                self.dev.upload_at(buf, start * eb, bytes, self.copy)?;
+                pieces.push((start * eb, bytes));
                 self.stats.bytes_lend += bytes.len() as u64;
             }
+            self.dev.upload_ranges(buf, &pieces, self.copy)?;
         }
         Ok(uploaded)
     }
