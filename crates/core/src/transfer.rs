@@ -17,20 +17,11 @@ const PARALLEL_COPY_CHUNK: usize = 4 << 20;
 /// At most this many threads copy one upload into staging.
 const PARALLEL_COPY_THREADS: usize = 8;
 
-/// Copies `src` to `dst` (valid for `src.len()` bytes, not overlapping `src`), on several
-/// threads when it is large: one thread's memcpy from a memory-mapped file reaches ~6 GB/s,
-/// far below a PCIe 5 link, and a long prefill that streams each layer's experts (hundreds
-/// of MB a layer) would wait on that copy rather than on the bus.
-///
-/// # Safety
-/// `dst` must be valid for writes of `src.len()` bytes and not overlap `src`.
-unsafe fn host_copy(dst: *mut u8, src: &[u8]) {
-    // SAFETY: the caller's contract, for the one part at offset 0.
-    unsafe { host_copy_parts(dst, &[(0, src)]) }
-}
-
-/// Copies each `(offset, bytes)` part to `dst + offset`, the parts laid end to end from 0
-/// (as [`host_copy`], split over threads by bytes when the whole is large).
+/// Copies each `(offset, bytes)` part to `dst + offset` (the parts laid end to end from
+/// 0), on several threads when they are large together: one thread's memcpy from a
+/// memory-mapped file reaches ~6 GB/s, far below a PCIe 5 link, and a long prefill that
+/// streams each layer's experts (hundreds of MB a layer) would wait on that copy rather
+/// than on the bus.
 ///
 /// # Safety
 /// `dst` must be valid for writes of the parts' total length and overlap none of them.
@@ -118,39 +109,7 @@ impl Device {
         data: &[T],
         stream: Stream,
     ) -> Result<()> {
-        let site = std::panic::Location::caller();
-        self.inner.check_stream(stream, site)?;
-        self.inner.check_owner(dst.state(), site)?;
-        dst.check_range("upload", offset, data.len(), site)?;
-        dst.check_writable(site)?;
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut st = self.inner.lock();
-        self.inner.refuse_during_capture(&st, "upload", site)?;
-        self.inner.collect(&mut st);
-        let slot = self.inner.staging_slot(&mut st, bytes.len())?;
-        let pinned = &st.staging[slot].pinned;
-        // SAFETY: the slot is idle (its last copy's event completed) and large enough.
-        unsafe { host_copy(pinned.ptr, bytes) };
-        let accesses = [(dst.state().clone(), Access::Write)];
-        self.inner.order(&mut st, stream.index, &accesses)?;
-        let raw_stream = st.streams[stream.index as usize].raw;
-        let size = std::mem::size_of::<T>();
-        // SAFETY: staging stays untouched until the event recorded below completes.
-        unsafe {
-            self.inner.backend.copy_h2d(
-                raw_stream,
-                dst.state().raw,
-                offset * size,
-                &st.staging[slot].pinned,
-                0,
-                bytes.len(),
-                site,
-            )?
-        };
-        self.inner.complete(&mut st, stream.index, &accesses);
-        let ev = self.inner.backend.record_event(raw_stream)?;
-        st.staging[slot].busy = Some(ev);
-        Ok(())
+        self.upload_ranges(dst, &[(offset, data)], stream)
     }
 
     /// Writes each `(offset, data)` piece into `dst[offset..]` on `stream`, as one upload
