@@ -51,14 +51,19 @@ fn synth_file() -> PathBuf {
     file
 }
 
-fn bench(file: &Path, extra: &[&str]) -> serde_json::Value {
+/// The JSON objects `strata bench ... --json` prints, one a line.
+fn bench(file: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
     let mut args = vec!["bench", "-m", file.to_str().unwrap(), "--backend", "cpu"];
     args.extend_from_slice(extra);
     args.push("--json");
     let out = strata(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "strata {args:?} failed: {stderr}");
-    serde_json::from_slice(&out.stdout).unwrap()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn f(v: &serde_json::Value, key: &str) -> f64 {
@@ -80,20 +85,22 @@ fn window_cost_reports_consistent_figures() {
         let ks = k.to_string();
         let mut args = vec!["-p", "7", "-n", "18", "-r", "2", "--spec-window-cost", &ks];
         args.extend_from_slice(&extra);
-        let v = bench(&file, &args);
+        let all = bench(&file, &args);
+        assert_eq!(all.len(), 1);
+        let v = &all[0];
         let what = format!("K {k} {extra:?}: {v}");
         // Two repetitions pooled.
         assert_eq!(v["plain_steps"], 2 * (n - 1), "{what}");
         assert_eq!(v["windows"], 2 * ((n - 1) / (k + 1)), "{what}");
         assert_eq!(v["window_positions"], k + 1, "{what}");
         assert_eq!(v["graphs"], !extra.contains(&"--no-graphs"), "{what}");
-        let (step, window) = (f(&v, "step_ms"), f(&v, "window_ms"));
+        let (step, window) = (f(v, "step_ms"), f(v, "window_ms"));
         assert!(step > 0.0 && window > 0.0, "{what}");
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs());
-        assert!(close(f(&v, "window_step_ratio"), window / step), "{what}");
-        assert!(close(f(&v, "plain_tokens_per_s"), 1e3 / step), "{what}");
+        assert!(close(f(v, "window_step_ratio"), window / step), "{what}");
+        assert!(close(f(v, "plain_tokens_per_s"), 1e3 / step), "{what}");
         let per_window = (k + 1) as f64 * 1e3 / window;
-        assert!(close(f(&v, "window_tokens_per_s"), per_window), "{what}");
+        assert!(close(f(v, "window_tokens_per_s"), per_window), "{what}");
         let cached = extra.contains(&"--expert-cache");
         assert_eq!(v["expert_cache"], cached, "{what}");
         for key in ["plain_expert_hit_rate", "window_expert_hit_rate"] {
@@ -102,6 +109,26 @@ fn window_cost_reports_consistent_figures() {
                 None => assert!(!cached, "{what}"),
             }
         }
+    }
+    // Several sizes: one plain run (the same step figures), an object per size in order.
+    let all = bench(
+        &file,
+        &["-p", "7", "-n", "18", "--spec-window-cost", "3,1,8"],
+    );
+    let ks: Vec<u64> = all
+        .iter()
+        .map(|v| v["spec_window_k"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ks, [3, 1, 8]);
+    for v in &all {
+        let k = v["spec_window_k"].as_u64().unwrap();
+        assert_eq!(v["windows"].as_u64(), Some((n as u64 - 1) / (k + 1)), "{v}");
+        assert_eq!(v["step_ms"], all[0]["step_ms"], "{v}");
+        let ratio = f(v, "window_ms") / f(v, "step_ms");
+        assert!(
+            (f(v, "window_step_ratio") - ratio).abs() <= 1e-6 * ratio,
+            "{v}"
+        );
     }
     // -n 5 holds no window of 5 positions and its bonus token.
     let out = strata(&[

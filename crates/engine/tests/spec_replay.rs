@@ -13,7 +13,8 @@ use std::sync::Arc;
 use strata_core::Device;
 use strata_engine::experts::{ExpertCache, ExpertCacheOptions};
 use strata_engine::spec::{
-    ReplayDrafter, SpecConfig, SpecStats, WindowCostError, measure_window_cost, time_windows,
+    ReplayDrafter, SpecConfig, SpecStats, WindowCostError, measure_window_cost,
+    measure_window_costs, time_windows,
 };
 use strata_engine::{Context, GenerateParams, SamplingParams, generate, generate_with};
 use strata_gguf::GgufFile;
@@ -176,7 +177,24 @@ fn window_cost_replays_every_window_in_full() {
         assert!(cost.ratio() > 0.0 && cost.window_tokens_per_s() > 0.0);
         assert!(cost.plain_experts.is_none());
     }
+    // Several window sizes after one plain run, in the order asked.
     let mut ctx = context(&f);
+    let costs = measure_window_costs(&mut ctx, &PROMPT, n, &[4, 1, 6]).unwrap();
+    assert_eq!(costs.iter().map(|c| c.k).collect::<Vec<_>>(), [4, 1, 6]);
+    for c in &costs {
+        assert_eq!(c.tokens, reference);
+        assert_eq!(c.step_seconds, costs[0].step_seconds);
+        assert_eq!(c.window_seconds.len(), (n - 1) / (c.k + 1), "k {}", c.k);
+    }
+    let mut ctx = context(&f);
+    assert!(matches!(
+        measure_window_costs(&mut ctx, &PROMPT, 7, &[2, 6]),
+        Err(WindowCostError::TooFewTokens { n: 7, window: 7 })
+    ));
+    assert!(matches!(
+        measure_window_cost(&mut ctx, &PROMPT, 5, 0),
+        Err(WindowCostError::NoWindow)
+    ));
     assert!(matches!(
         measure_window_cost(&mut ctx, &PROMPT, 5, 4),
         Err(WindowCostError::TooFewTokens { .. })

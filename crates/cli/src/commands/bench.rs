@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use strata_engine::experts::ExpertStats;
-use strata_engine::spec::{SpecStats, WindowCost, measure_window_cost};
+use strata_engine::spec::{SpecStats, WindowCost, measure_window_costs};
 use strata_engine::{Context, GenerateParams, SamplingParams, generate_spec};
 
 use super::common::{self, ModelArgs};
@@ -48,8 +48,15 @@ pub struct Args {
     /// then again in windows whose K drafts replay that output (all accepted, whatever
     /// the weights); each step and window timed, captures and K/V growth in an untimed
     /// warm-up. Windows up to 16 positions replay captured graphs (unless --no-graphs).
-    #[arg(long, value_name = "K", conflicts_with = "spec")]
-    pub spec_window_cost: Option<usize>,
+    /// A comma-separated list (1,2,4,8) measures each size after one plain run; with
+    /// --json, one object per size, a line each.
+    #[arg(
+        long,
+        value_name = "K[,K...]",
+        value_delimiter = ',',
+        conflicts_with = "spec"
+    )]
+    pub spec_window_cost: Vec<usize>,
 }
 
 /// Bytes of weights one decode token reads: every matrix once, the routed experts'
@@ -156,8 +163,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ctx.eval(&[5])?;
         ctx.eval(&[6])?;
     }
-    if let Some(k) = args.spec_window_cost {
-        return window_cost(&args, &loaded, &new_context, k, &mut rng);
+    if !args.spec_window_cost.is_empty() {
+        return window_cost(&args, &loaded, &new_context, &mut rng);
     }
     let (mut pp_s, mut tg_s) = (0.0, 0.0);
     let mut decode_profile = Vec::new();
@@ -294,25 +301,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--spec-window-cost K`: the timings of `-r` measurements pooled, on stdout as text or
-/// one JSON object; the expert cache's statistics of the last one on stderr.
+/// `--spec-window-cost K[,K...]`: the timings of `-r` measurements pooled per K, on
+/// stdout as text or one JSON object per K; the expert cache's statistics of the last
+/// measurement on stderr.
 fn window_cost(
     args: &Args,
     loaded: &common::Loaded,
     new_context: &dyn Fn() -> anyhow::Result<Context>,
-    k: usize,
     rng: &mut strata_engine::sampler::Rng,
 ) -> anyhow::Result<()> {
+    let ks = &args.spec_window_cost;
     let vocab = loaded.model.hp.n_vocab as u64;
     let reps = args.reps.max(1);
-    let mut cost = WindowCost::default();
+    let mut costs = vec![WindowCost::default(); ks.len()];
     for rep in 0..reps {
         let mut ctx = new_context()?;
         let prompt: Vec<u32> = (0..args.n_prompt.max(1))
             .map(|_| (rng.next_u64() % vocab) as u32)
             .collect();
-        let c = measure_window_cost(&mut ctx, &prompt, args.n_gen, k)?;
-        cost.add(&c);
+        let measured = measure_window_costs(&mut ctx, &prompt, args.n_gen, ks)?;
+        for (cost, m) in costs.iter_mut().zip(&measured) {
+            cost.add(m);
+        }
         tracing::info!("window-cost repetition {}/{reps} done", rep + 1);
     }
     let hit_rate = |s: &Option<ExpertStats>| {
@@ -326,58 +336,30 @@ fn window_cost(
             }
         })
     };
-    if let (Some(p), Some(w)) = (&cost.plain_experts, &cost.window_experts) {
+    if let Some(p) = costs.first().and_then(|c| c.plain_experts.as_ref()) {
         eprintln!("strata bench: plain steps: {p}");
-        // Windows are batched steps: the decode figures of the line above stay 0.
-        eprintln!(
-            "strata bench: windows: expert cache hit rate {:.1}% ({} of {} routed experts), PCIe {:.2} MiB, CPU pool {:.3} s",
-            100.0 * hit_rate(&cost.window_experts).unwrap_or(1.0),
-            w.decode_hits + w.prefill_hits,
-            w.decode_hits + w.prefill_hits + w.decode_misses + w.prefill_misses,
-            w.bus_bytes() as f64 / (1u64 << 20) as f64,
-            w.pool_seconds
-        );
     }
-    let (step_ms, window_ms) = (
-        1e3 * cost.mean_step_seconds(),
-        1e3 * cost.mean_window_seconds(),
-    );
+    for cost in &costs {
+        // Windows are batched steps: the decode figures of the line above stay 0 there.
+        if let Some(w) = &cost.window_experts {
+            eprintln!(
+                "strata bench: windows of {}: expert cache hit rate {:.1}% ({} of {} routed experts), PCIe {:.2} MiB, CPU pool {:.3} s",
+                cost.k + 1,
+                100.0 * hit_rate(&cost.window_experts).unwrap_or(1.0),
+                w.decode_hits + w.prefill_hits,
+                w.decode_hits + w.prefill_hits + w.decode_misses + w.prefill_misses,
+                w.bus_bytes() as f64 / (1u64 << 20) as f64,
+                w.pool_seconds
+            );
+        }
+    }
     let median_ms = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).map_or(0.0, |s| 1e3 * s)
     };
     let info = loaded.dev.info();
-    if args.json {
-        let obj = serde_json::json!({
-            "model": args.model.model.display().to_string(),
-            "architecture": loaded.model.hp.arch,
-            "backend": info.backend.name(),
-            "device": info.name,
-            "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
-            "graphs": !args.no_graphs,
-            "kv": loaded.kv.name(),
-            "n_ctx": loaded.n_ctx,
-            "prompt_tokens": args.n_prompt.max(1),
-            "decode_tokens": args.n_gen,
-            "repetitions": reps,
-            "spec_window_k": k,
-            "window_positions": k + 1,
-            "plain_steps": cost.step_seconds.len(),
-            "windows": cost.window_seconds.len(),
-            "step_ms": step_ms,
-            "window_ms": window_ms,
-            "step_ms_median": median_ms(&cost.step_seconds),
-            "window_ms_median": median_ms(&cost.window_seconds),
-            "window_step_ratio": cost.ratio(),
-            "plain_tokens_per_s": cost.plain_tokens_per_s(),
-            "window_tokens_per_s": cost.window_tokens_per_s(),
-            "expert_cache": loaded.experts.is_some(),
-            "plain_expert_hit_rate": hit_rate(&cost.plain_experts),
-            "window_expert_hit_rate": hit_rate(&cost.window_experts),
-        });
-        println!("{obj}");
-    } else {
+    if !args.json {
         println!(
             "model: {} ({}), backend: {} on {}, graphs {}",
             args.model.model.display(),
@@ -386,20 +368,58 @@ fn window_cost(
             info.name,
             if args.no_graphs { "off" } else { "on" }
         );
-        println!(
-            "plain decode step: {step_ms:.3} ms (median {:.3}; {} steps, {:.1} tokens/s)",
-            median_ms(&cost.step_seconds),
-            cost.step_seconds.len(),
-            cost.plain_tokens_per_s()
-        );
-        println!(
-            "verify window of {} positions: {window_ms:.3} ms (median {:.3}; {} windows, every one accepted {k} drafts, {:.1} tokens/s)",
-            k + 1,
-            median_ms(&cost.window_seconds),
-            cost.window_seconds.len(),
-            cost.window_tokens_per_s()
-        );
-        println!("window / step: {:.3}x", cost.ratio());
+        if let Some(c) = costs.first() {
+            println!(
+                "plain decode step: {:.3} ms (median {:.3}; {} steps, {:.1} tokens/s)",
+                1e3 * c.mean_step_seconds(),
+                median_ms(&c.step_seconds),
+                c.step_seconds.len(),
+                c.plain_tokens_per_s()
+            );
+        }
+    }
+    for c in &costs {
+        let k = c.k;
+        if args.json {
+            let obj = serde_json::json!({
+                "model": args.model.model.display().to_string(),
+                "architecture": loaded.model.hp.arch,
+                "backend": info.backend.name(),
+                "device": info.name,
+                "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+                "graphs": !args.no_graphs,
+                "kv": loaded.kv.name(),
+                "n_ctx": loaded.n_ctx,
+                "prompt_tokens": args.n_prompt.max(1),
+                "decode_tokens": args.n_gen,
+                "repetitions": reps,
+                "spec_window_k": k,
+                "window_positions": k + 1,
+                "plain_steps": c.step_seconds.len(),
+                "windows": c.window_seconds.len(),
+                "step_ms": 1e3 * c.mean_step_seconds(),
+                "window_ms": 1e3 * c.mean_window_seconds(),
+                "step_ms_median": median_ms(&c.step_seconds),
+                "window_ms_median": median_ms(&c.window_seconds),
+                "window_step_ratio": c.ratio(),
+                "plain_tokens_per_s": c.plain_tokens_per_s(),
+                "window_tokens_per_s": c.window_tokens_per_s(),
+                "expert_cache": loaded.experts.is_some(),
+                "plain_expert_hit_rate": hit_rate(&c.plain_experts),
+                "window_expert_hit_rate": hit_rate(&c.window_experts),
+            });
+            println!("{obj}");
+        } else {
+            println!(
+                "verify window of {} positions: {:.3} ms (median {:.3}; {} windows, every one accepted {k} drafts, {:.1} tokens/s): {:.3}x a step",
+                k + 1,
+                1e3 * c.mean_window_seconds(),
+                median_ms(&c.window_seconds),
+                c.window_seconds.len(),
+                c.window_tokens_per_s(),
+                c.ratio()
+            );
+        }
     }
     Ok(())
 }

@@ -24,4 +24,6 @@ pub use ngram::NgramDrafter;
 pub use replay::ReplayDrafter;
 pub use speculator::{SpecConfig, Speculator, Step};
 pub use verify::{SpecStats, accept_prefix, accept_sampled};
-pub use window_cost::{WindowCost, WindowCostError, measure_window_cost, time_windows};
+pub use window_cost::{
+    WindowCost, WindowCostError, measure_window_cost, measure_window_costs, time_windows,
+};

@@ -18,6 +18,8 @@ use crate::sampler::{Sampler, SamplingParams};
 pub enum WindowCostError {
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("a window needs at least one draft (K >= 1)")]
+    NoWindow,
     #[error("{n} tokens to decode hold no window of {window} positions (decode at least {need})", need = .window + 1)]
     TooFewTokens { n: usize, window: usize },
     #[error("window {window}: the drafter proposed nothing (the replayed output diverged?)")]
@@ -120,15 +122,32 @@ pub fn measure_window_cost(
     n: usize,
     k: usize,
 ) -> Result<WindowCost, WindowCostError> {
-    let window = k + 1;
-    if k == 0 || n < window + 1 {
-        return Err(WindowCostError::TooFewTokens { n, window });
+    let mut costs = measure_window_costs(ctx, prompt, n, &[k])?;
+    Ok(costs.pop().unwrap_or_default())
+}
+
+/// [`measure_window_cost`] for several window sizes after one plain run (whose timings
+/// every result holds), one windowed run per entry of `ks`, in that order.
+pub fn measure_window_costs(
+    ctx: &mut Context,
+    prompt: &[u32],
+    n: usize,
+    ks: &[usize],
+) -> Result<Vec<WindowCost>, WindowCostError> {
+    for &k in ks {
+        let window = k + 1;
+        if k == 0 {
+            return Err(WindowCostError::NoWindow);
+        }
+        if n < window + 1 {
+            return Err(WindowCostError::TooFewTokens { n, window });
+        }
     }
     let mut sampler = Sampler::new(SamplingParams::greedy())?;
     ctx.truncate(0);
     let logits = ctx.eval(prompt)?;
     let first = sampler.sample(&logits, prompt);
-    warm_up(ctx, prompt.len(), first, n, window)?;
+    warm_up(ctx, prompt.len(), first, n, ks)?;
     let _ = ctx.take_expert_stats();
 
     // Plain: steps feed tokens[0..n - 1], each choosing the next.
@@ -153,17 +172,21 @@ pub fn measure_window_cost(
     let plain_experts = ctx.take_expert_stats();
     let tokens = history[prompt.len()..].to_vec();
 
-    ctx.truncate(prompt.len());
-    let mut replay = ReplayDrafter::new(prompt, &tokens);
-    let window_seconds = time_windows(ctx, prompt, &tokens, k, &mut replay)?;
-    Ok(WindowCost {
-        k,
-        tokens,
-        step_seconds,
-        window_seconds,
-        plain_experts,
-        window_experts: ctx.take_expert_stats(),
-    })
+    let mut costs = Vec::with_capacity(ks.len());
+    for &k in ks {
+        ctx.truncate(prompt.len());
+        let mut replay = ReplayDrafter::new(prompt, &tokens);
+        let window_seconds = time_windows(ctx, prompt, &tokens, k, &mut replay)?;
+        costs.push(WindowCost {
+            k,
+            tokens: tokens.clone(),
+            step_seconds: step_seconds.clone(),
+            window_seconds,
+            plain_experts: plain_experts.clone(),
+            window_experts: ctx.take_expert_stats(),
+        });
+    }
+    Ok(costs)
 }
 
 /// The windowed run: `ctx` holds `prompt`, `tokens` is the plain greedy output after it
@@ -220,19 +243,25 @@ pub fn time_windows(
 
 /// Brings `ctx` (holding the prompt) to the state the timed runs find, then back to the
 /// prompt: the K/V grown to the last position either run writes, the logits scratch grown
-/// to a window's rows (which drops captured graphs), a window of `window` positions and a
-/// one-token step each run once (captured as graphs where graphs are on).
+/// to the longest window's rows (which drops captured graphs, so that one runs first), a
+/// window of each size and a one-token step run once (captured as graphs where graphs are
+/// on).
 fn warm_up(
     ctx: &mut Context,
     prompt: usize,
     token: u32,
     n: usize,
-    window: usize,
+    ks: &[usize],
 ) -> Result<(), EngineError> {
     ctx.eval(&vec![token; n - 1])?;
     ctx.truncate(prompt);
-    ctx.eval_verify(&vec![token; window])?;
-    ctx.truncate(prompt);
+    let mut windows: Vec<usize> = ks.iter().map(|k| k + 1).collect();
+    windows.sort_unstable_by(|a, b| b.cmp(a));
+    windows.dedup();
+    for window in windows {
+        ctx.eval_verify(&vec![token; window])?;
+        ctx.truncate(prompt);
+    }
     ctx.eval(&[token])?;
     ctx.truncate(prompt);
     Ok(())
