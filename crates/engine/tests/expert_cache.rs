@@ -272,3 +272,62 @@ fn a_profile_of_another_model_is_refused() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A trim refills at most 16 of the slots it returns at once and the rest between the
+/// next steps, hottest first, until every slot holds an expert again; the device table
+/// equals the host's after each change.
+#[test]
+fn a_trim_refills_the_rest_between_steps() {
+    let dev = cpu(true);
+    // 6 layers x 8 experts: 48 routed, all of them slots.
+    let mut s = spec(SynthArch::Qwen3Moe, "Q4_K", 5);
+    s.layers = 6;
+    let g = Arc::new(GgufFile::from_bytes(synth::synthesize(&s).unwrap()).unwrap());
+    let model = load(&dev, &g, false);
+    let opts = ExpertCacheOptions {
+        slots: 48,
+        learn: false,
+        ..Default::default()
+    };
+    let mut c = ExpertCache::for_model(&dev, &model, cpu(false), opts, None).unwrap();
+    // Distinct heats, so "hottest first" names one order.
+    let counts: Vec<u64> = (0..48u64).map(|i| 1000 - i * 7).collect();
+    c.fill_from_counts(&counts).unwrap();
+    let same_table = |c: &ExpertCache| {
+        let s = dev.main_stream();
+        let got = dev
+            .download(c.residency().device(), s)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert_eq!(
+            got,
+            c.residency().host(),
+            "device table differs from the host's"
+        );
+    };
+    assert_eq!(c.residency().resident_count(), 48);
+    let took = c.take_slots(40).unwrap();
+    assert_eq!((took.slots, took.resident), (40, 8));
+    let back = c
+        .return_slots_with(40, &mut |d, b, h, s| d.upload(b, h, s))
+        .unwrap();
+    assert_eq!((back.slots, back.experts, back.resident), (40, 16, 24));
+    same_table(&c);
+    // The 16 refilled at once are the hottest of those not resident.
+    let resident: Vec<bool> = (0..48)
+        .map(|i| c.residency().slot_of(i / 8, (i % 8) as u32).is_some())
+        .collect();
+    let hottest_out = (0..48).filter(|&i| !resident[i]).min().unwrap();
+    let coldest_in = (8..48).filter(|&i| resident[i]).max().unwrap();
+    assert!(
+        coldest_in < hottest_out,
+        "refilled {coldest_in} before {hottest_out}"
+    );
+    c.between_steps().unwrap();
+    assert_eq!(c.residency().resident_count(), 40);
+    same_table(&c);
+    c.between_steps().unwrap();
+    assert_eq!(c.residency().resident_count(), 48);
+    same_table(&c);
+}

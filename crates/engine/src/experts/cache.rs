@@ -72,6 +72,8 @@ pub struct ExpertCache {
     /// the experts uploaded for it).
     last_set: usize,
     prefetched: Option<(usize, usize, Vec<bool>)>,
+    /// Slots a trim returned that are still to be refilled, a batch per step.
+    refill_pending: bool,
     counts: Vec<u64>,
     stats: ExpertStats,
     opts: ExpertCacheOptions,
@@ -137,6 +139,7 @@ impl ExpertCache {
             lend: None,
             last_set: 0,
             prefetched: None,
+            refill_pending: false,
             counts: vec![0; nl * ne],
             stats: ExpertStats {
                 bytes_fill: (nl * ne * 4) as u64,
@@ -242,6 +245,10 @@ impl ExpertCache {
     pub fn between_steps(&mut self) -> Result<(), ExpertError> {
         let ne = self.layout.n_expert as usize;
         let mut copies = 0;
+        if self.refill_pending {
+            copies += self.refill_free_slots(kv_slots::REFILL_PER_STEP)?;
+            self.refill_pending = copies > 0;
+        }
         if self.opts.learn && self.table.free_slot().is_some() {
             let table = &self.table;
             let want = by_heat(&self.counts, ne, |l, e| {

@@ -1,11 +1,18 @@
 //! Slots lent to the K/V (`--kv-grow`): growing the K/V takes the cache's last slots; the
 //! hot experts that sat in them move into the slots of colder experts, so what leaves the
 //! device is the coldest. Trimming returns the slots and refills them with the hottest
-//! experts not resident (profile and routing counts). Every table change is published by
+//! experts not resident (profile and routing counts), 16 at once and the rest 16 a step
+//! after, so a trim of hundreds of slots does not stall the next request. Every table change is published by
 //! an ordered upload on the copy stream, which the host waits for before the K/V changes
 //! hands: no kernel can read a table that names a slot the K/V now owns.
 
 use super::{ExpertCache, by_heat};
+
+/// Slots a trim refills before it returns (the rest: [`REFILL_PER_STEP`] a step after):
+/// 16 slots of Qwen3-30B-A3B are 42 MB, about a millisecond of uploads.
+pub const REFILL_AT_TRIM: usize = 16;
+/// Free slots refilled between two steps after a trim.
+pub const REFILL_PER_STEP: usize = 16;
 use crate::experts::ExpertError;
 use crate::experts::residency::TableUpload;
 
@@ -71,9 +78,11 @@ impl ExpertCache {
     }
 
     /// Returns `n` of the slots the K/V took (one context's: several contexts may hold
-    /// some at once) and fills the free slots with the hottest experts not resident, by
-    /// profile and routing counts, publishing the table through `upload` (ordered:
-    /// `Device::upload`).
+    /// some at once) and fills up to [`REFILL_AT_TRIM`] of the free slots with the hottest
+    /// experts not resident, by profile and routing counts, publishing the table through
+    /// `upload` (ordered: `Device::upload`). The other free slots are refilled a batch per
+    /// step by [`ExpertCache::between_steps`]: a trim of hundreds of slots would otherwise
+    /// stall the next request on hundreds of MB of uploads from the mapped file.
     pub fn return_slots_with(
         &mut self,
         n: usize,
@@ -81,21 +90,40 @@ impl ExpertCache {
     ) -> Result<SlotChange, ExpertError> {
         let returned = n.min(self.slots_taken());
         self.table.set_usable(self.table.n_slots() + returned);
+        let filled = self.fill_free_slots(REFILL_AT_TRIM)?;
+        self.refill_pending = filled == REFILL_AT_TRIM;
+        if self.table.publish_with(&self.dev, self.copy, upload)? {
+            self.stats.bytes_fill += self.table.table_bytes();
+        }
+        Ok(self.change(returned, filled))
+    }
+
+    /// Fills up to `most` free slots with the hottest experts not resident, publishing the
+    /// table; how many it filled.
+    pub(super) fn refill_free_slots(&mut self, most: usize) -> Result<usize, ExpertError> {
+        let filled = self.fill_free_slots(most)?;
+        if filled > 0 {
+            self.publish()?;
+        }
+        Ok(filled)
+    }
+
+    /// Fills up to `most` free slots (lowest first) with the hottest experts not resident,
+    /// in the host table; how many it filled.
+    fn fill_free_slots(&mut self, most: usize) -> Result<usize, ExpertError> {
         let ne = self.layout.n_expert as usize;
         let (table, layout) = (&self.table, &self.layout);
         let want = by_heat(&self.counts, ne, |l, e| {
             layout.is_expert(l, e) && table.slot_of(l, e).is_none()
         });
-        // The free slots in order, as free_slot() would hand them out one fill at a time.
         let free = (0..self.table.n_slots()).filter(|&s| self.table.owner(s).is_none());
-        let fills: Vec<(usize, usize, u32)> =
-            free.zip(want).map(|(slot, (l, e))| (slot, l, e)).collect();
+        let fills: Vec<(usize, usize, u32)> = free
+            .zip(want)
+            .take(most)
+            .map(|(slot, (l, e))| (slot, l, e))
+            .collect();
         self.fill_many(&fills)?;
-        let filled = fills.len();
-        if self.table.publish_with(&self.dev, self.copy, upload)? {
-            self.stats.bytes_fill += self.table.table_bytes();
-        }
-        Ok(self.change(returned, filled))
+        Ok(fills.len())
     }
 
     /// Copies the expert of slot `from` (already evicted from the table) into slot `to`,
