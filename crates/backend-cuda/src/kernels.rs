@@ -13,7 +13,7 @@ use crate::compile::{self, Image, Origin};
 use crate::driver::{self, check};
 use crate::launch_options::{DependentLaunch, LaunchOptions};
 use crate::source_scan;
-use crate::variants::{VARIANTS, Variant, VariantGrid};
+use crate::variants::{GridUse, VARIANTS, Variant};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
@@ -87,7 +87,7 @@ fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error>
 pub(crate) struct LaunchChoice<'a> {
     pub entry: &'a KernelEntry,
     pub dynamic_smem: u32,
-    pub grid: Option<VariantGrid>,
+    pub grid: Option<GridUse>,
 }
 
 /// Every module of one context and the kernel table built from them.
