@@ -1,6 +1,6 @@
 //! attention over a cache filled by kv_store on each device, CUDA against the CPU.
 
-use strata_core::{Args, Device, KernelId, LaunchCfg};
+use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg};
 
 use super::{Report, Rng, download, launch, ops_cfg, pair, upload};
 
@@ -175,6 +175,143 @@ fn attention_matches_the_cpu() {
             &gpu2,
             &gpu,
         );
+    }
+    rep.finish();
+}
+
+/// A cache of `ctx` rows of random K/V in either format (kv_store or kv_store_q8 from the
+/// same rows on each device): (k_cache, v_cache).
+fn store(
+    d: &Device,
+    q8: bool,
+    ctx: usize,
+    kv_dim: usize,
+    k: &[f32],
+    v: &[f32],
+) -> (DeviceBuffer<u16>, DeviceBuffer<u16>) {
+    let words = if q8 { kv_dim / 32 * 17 } else { kv_dim };
+    let (kc, vc) = (
+        d.alloc::<u16>(ctx * words).unwrap(),
+        d.alloc::<u16>(ctx * words).unwrap(),
+    );
+    let (bk, bv) = (upload(d, k), upload(d, v));
+    let all = upload(d, &(0..ctx as i32).collect::<Vec<_>>());
+    let args = Args::new()
+        .read(&bk)
+        .read(&bv)
+        .read(&all)
+        .write(&kc)
+        .write(&vc)
+        .u32(kv_dim as u32)
+        .u32(ctx as u32)
+        .u32(ctx as u32);
+    let kernel = if q8 {
+        KernelId::KvStoreQ8
+    } else {
+        KernelId::KvStore
+    };
+    launch(d, kernel, &ops_cfg(ctx * kv_dim), &args);
+    (kc, vc)
+}
+
+/// Attention of the queries `q` at positions `pos` over a stored cache, as ops.rs (f16) or
+/// kv.rs (q8_0) launches it: a 256-thread block per (token, query head).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    d: &Device,
+    q8: bool,
+    cache: &(DeviceBuffer<u16>, DeviceBuffer<u16>),
+    q: &[f32],
+    pos: &[i32],
+    heads: (usize, usize, usize),
+    ctx: usize,
+) -> Vec<f32> {
+    let (n_head, n_kv_head, head_dim) = heads;
+    let n = pos.len();
+    let (bq, bp) = (upload(d, q), upload(d, pos));
+    let out = d.alloc::<f32>(n * n_head * head_dim).unwrap();
+    let args = Args::new()
+        .read(&bq)
+        .read(&bp)
+        .read(&cache.0)
+        .read(&cache.1)
+        .write(&out)
+        .u32(n as u32)
+        .u32(n_head as u32)
+        .u32(n_kv_head as u32)
+        .u32(head_dim as u32)
+        .u32(ctx as u32)
+        .f32(1.0 / (head_dim as f32).sqrt());
+    let kernel = if q8 {
+        KernelId::AttentionQ8
+    } else {
+        KernelId::Attention
+    };
+    launch(d, kernel, &ops_cfg(n * n_head), &args);
+    download(d, &out)
+}
+
+/// Qwen3-30B-A3B's heads (32 query heads over 4 K/V heads of 128) deep in the cache, where
+/// a unit spans more than a cluster's 16 chunks of 64 rows (attention.cuh), for both cache
+/// formats: one token at depth 20000, and a 64-token window at 1100..1164 (chunk 18 starts
+/// at 1152), against the CPU; and each of some of the window's rows launched alone gives
+/// the same bits as in the window (decode steps, verify windows and short reads rely on
+/// it: the engine's spec identity). The q8_0 kernel sums in f32 as the CPU does (~1e-5
+/// apart in the emulator), hence its tighter tolerance.
+#[test]
+fn attention_deep_and_in_windows_matches_the_cpu() {
+    let Some(p) = pair("attention_deep_and_in_windows_matches_the_cpu") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(61);
+    let heads = (32, 4, 128);
+    let (n_head, n_kv_head, head_dim) = heads;
+    let (kv_dim, row) = (n_kv_head * head_dim, n_head * head_dim);
+    let ctx = 20_001;
+    let k = rng.vec(ctx * kv_dim, 2.0);
+    let v = rng.vec(ctx * kv_dim, 1.0);
+    for q8 in [false, true] {
+        let fmt = if q8 { "attention_q8" } else { "attention" };
+        let tol = if q8 { 1e-4 } else { 5e-4 };
+        let (cpu_cache, gpu_cache) = (
+            store(&p.cpu, q8, ctx, kv_dim, &k, &v),
+            store(&p.gpu, q8, ctx, kv_dim, &k, &v),
+        );
+        let deep_q = rng.vec(row, 2.0);
+        let deep = [20_000i32];
+        let cpu = attend(&p.cpu, q8, &cpu_cache, &deep_q, &deep, heads, ctx);
+        let gpu = attend(&p.gpu, q8, &gpu_cache, &deep_q, &deep, heads, ctx);
+        rep.close(
+            &format!("{fmt} one token at 20000"),
+            &gpu,
+            &cpu,
+            tol,
+            |_| 1.0,
+        );
+        let window: Vec<i32> = (1100..1164).collect();
+        let q = rng.vec(window.len() * row, 2.0);
+        let cpu = attend(&p.cpu, q8, &cpu_cache, &q, &window, heads, ctx);
+        let gpu = attend(&p.gpu, q8, &gpu_cache, &q, &window, heads, ctx);
+        rep.close(&format!("{fmt} 64 tokens at 1100"), &gpu, &cpu, tol, |_| {
+            1.0
+        });
+        for t in [0usize, 51, 52, 63] {
+            let alone = attend(
+                &p.gpu,
+                q8,
+                &gpu_cache,
+                &q[t * row..(t + 1) * row],
+                &window[t..t + 1],
+                heads,
+                ctx,
+            );
+            rep.exact(
+                &format!("{fmt} row {t} of the window alone"),
+                &alone,
+                &gpu[t * row..(t + 1) * row],
+            );
+        }
     }
     rep.finish();
 }
