@@ -12,6 +12,8 @@ mod attention;
 mod attention_rows;
 #[path = "model_ops/fuzz.rs"]
 mod fuzz;
+#[path = "model_ops/gate_up.rs"]
+mod gate_up;
 #[path = "model_ops/golden.rs"]
 mod golden;
 #[path = "model_ops/matmul.rs"]

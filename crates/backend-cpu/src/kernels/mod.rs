@@ -123,9 +123,11 @@ impl<'a> KernelArgs<'a> {
     }
 }
 
-/// Whether this backend has `kernel`: every listed kernel but the fused forms.
+/// Whether this backend has `kernel`: every listed kernel but the fused forms, except
+/// experts_gate_up (the CPU pool's decode step). With only that one, `Ops::has_fused`
+/// stays false, so the forward pass keeps running the op sequences on this backend.
 pub fn supported(kernel: KernelId) -> bool {
-    kernel.module() != "fused"
+    kernel.module() != "fused" || kernel == KernelId::ExpertsGateUp
 }
 
 /// Runs `kernel` with `args` on the calling thread.
@@ -153,12 +155,12 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::AttentionQ8 => model::attention_q8(args),
         KernelId::MulMatExpertsCached => experts::mul_mat_experts_cached(args),
         KernelId::MoeCombineSplit => experts::moe_combine_split(args),
-        // The fused forms are a GPU capability: this backend runs their op sequences, which
-        // keeps it equal to llama.cpp op by op (`supported` says no).
+        KernelId::ExpertsGateUp => model::experts_gate_up(args),
+        // The other fused forms are a GPU capability: this backend runs their op sequences,
+        // which keeps it equal to llama.cpp op by op (`supported` says no).
         KernelId::AddRmsNorm
         | KernelId::CombineAddRmsNorm
         | KernelId::QkNormRopeStore
-        | KernelId::ExpertsGateUp
         | KernelId::MulMatQkv
         | KernelId::RouterMatvecTopk
         | KernelId::MulMatAddRmsNorm

@@ -1,12 +1,14 @@
 //! The CPU pool: computes the routed experts that are not resident, straight from the
 //! mapped file, on a CPU `Device` of its own (its threads are the pool; the caller picks
 //! how many, `--cpu-threads`). It runs the same kernels as the CPU backend's uncached path
-//! (each (token, expert) pair as a token of one expert), so a pair's output is bit for bit
-//! what the device computes on the CPU backend, wherever the pair runs.
+//! (the pairs of one token as that token's slots, other pairs each as a token of one
+//! expert; gate, up and SwiGLU fused into one launch where the device has that kernel,
+//! which gives the same bits), so a pair's output is bit for bit what the device computes
+//! on the CPU backend, wherever the pair runs.
 
 use std::sync::Arc;
 
-use strata_core::{Device, DeviceBuffer, Pending, Stream};
+use strata_core::{Device, DeviceBuffer, KernelId, Pending, PinnedBuffer, Stream};
 use strata_gguf::GgufFile;
 use strata_model::Model;
 use strata_model::model::Ffn;
@@ -33,6 +35,10 @@ impl PoolLayer {
 /// Activations and outputs for up to `cap` (token, expert) pairs.
 struct PoolScratch {
     cap: usize,
+    /// Host side of `x` and `ids`, uploaded from pinned memory: an upload from a slice
+    /// costs a staging copy (and, in core, a query of the CPU count per call).
+    x_host: PinnedBuffer<f32>,
+    ids_host: PinnedBuffer<i32>,
     x: DeviceBuffer<f32>,
     ids: DeviceBuffer<i32>,
     fa: DeviceBuffer<f32>,
@@ -48,6 +54,8 @@ pub struct CpuPool {
     scratch: Option<PoolScratch>,
     n_embd: usize,
     n_ff: usize,
+    /// The device has the fused gate, up and SwiGLU kernel.
+    gate_up: bool,
 }
 
 impl CpuPool {
@@ -79,6 +87,7 @@ impl CpuPool {
             layers.push(Some(pl));
         }
         Ok(CpuPool {
+            gate_up: dev.supports(KernelId::ExpertsGateUp),
             dev,
             stream,
             layers,
@@ -98,6 +107,8 @@ impl CpuPool {
             let f = |n: usize| self.dev.alloc::<f32>(n.max(1));
             self.scratch = Some(PoolScratch {
                 cap,
+                x_host: self.dev.alloc_pinned::<f32>(cap * self.n_embd)?,
+                ids_host: self.dev.alloc_pinned::<i32>(cap)?,
                 x: f(cap * self.n_embd)?,
                 ids: self.dev.alloc::<i32>(cap)?,
                 fa: f(cap * self.n_ff)?,
@@ -126,15 +137,61 @@ impl CpuPool {
             .and_then(|l| l.as_ref())
             .ok_or(ExpertError::NotMoe(il))?;
         let [wg, wu, wd] = layer.bufs()?;
-        let s = self.scratch.as_ref().ok_or(ExpertError::PoolDevice)?;
-        dev.upload(&s.x, x, stream)?;
-        dev.upload(&s.ids, ids, stream)?;
+        let s = self.scratch.as_mut().ok_or(ExpertError::PoolDevice)?;
+        if x.len() != p * embd {
+            return Err(strata_core::Error::OutOfBounds {
+                op: "CPU pool activations",
+                site: std::panic::Location::caller(),
+                offset: 0,
+                elements: x.len(),
+                len: p * embd,
+            }
+            .into());
+        }
+        // The pairs of one token share its activation row: uploaded and quantised once.
+        let (n_tokens, n_used) = token_groups(x, embd, p);
+        let rows = n_tokens * embd;
+        let xs = (0..n_tokens).flat_map(|t| &x[t * n_used * embd..][..embd]);
+        for (d, &v) in s.x_host.host_mut()?.iter_mut().zip(xs) {
+            *d = v;
+        }
+        s.ids_host.host_mut()?[..p].copy_from_slice(ids);
+        dev.upload_pinned(&s.x, 0, &s.x_host, 0..rows, stream)?;
+        dev.upload_pinned(&s.ids, 0, &s.ids_host, 0..p, stream)?;
         let ops = Ops { dev: &dev, stream };
-        let n = p as u32;
-        ops.mul_mat_experts(&layer.gate, wg, &s.x, &s.ids, &s.fa, n, 1, false)?;
-        ops.mul_mat_experts(&layer.up, wu, &s.x, &s.ids, &s.fb, n, 1, false)?;
-        ops.swiglu(&s.fa, &s.fb, &s.fc, n * layer.gate.m)?;
-        ops.mul_mat_experts(&layer.down, wd, &s.fc, &s.ids, &s.y, n, 1, true)?;
+        let (n, k) = (n_tokens as u32, n_used as u32);
+        let (gate, up) = (&layer.gate, &layer.up);
+        if self.gate_up && gate.ty == up.ty && (gate.m, gate.k) == (up.m, up.k) {
+            // One launch, bit for bit the three below.
+            ops.experts_gate_up((gate, wg), (up, wu), &s.x, &s.ids, &s.fc, n, k)?;
+        } else {
+            ops.mul_mat_experts(gate, wg, &s.x, &s.ids, &s.fa, n, k, false)?;
+            ops.mul_mat_experts(up, wu, &s.x, &s.ids, &s.fb, n, k, false)?;
+            ops.swiglu(&s.fa, &s.fb, &s.fc, n * k * gate.m)?;
+        }
+        ops.mul_mat_experts(&layer.down, wd, &s.fc, &s.ids, &s.y, n, k, true)?;
         Ok(dev.download_range(&s.y, 0, p * embd, stream)?)
     }
+}
+
+/// `(tokens, pairs per token)` for `p` activation rows of `embd` in `x`: runs of equal
+/// rows (bit for bit) of one length when the rows split that way (a decode step's pairs
+/// all share its one token), otherwise one token per pair. Either way a pair's output is
+/// the same bits: its row is quantised the same way and meets the same weights.
+fn token_groups(x: &[f32], embd: usize, p: usize) -> (usize, usize) {
+    let row = |i: usize| &x[i * embd..(i + 1) * embd];
+    let same = |a: usize, b: usize| {
+        row(a)
+            .iter()
+            .zip(row(b))
+            .all(|(u, v)| u.to_bits() == v.to_bits())
+    };
+    let run = (1..p).take_while(|&i| same(0, i)).count() + 1;
+    if run == 1 || !p.is_multiple_of(run) {
+        return (p, 1);
+    }
+    let groups_ok = (run..p)
+        .step_by(run)
+        .all(|first| (first + 1..first + run).all(|i| same(first, i)));
+    if groups_ok { (p / run, run) } else { (p, 1) }
 }

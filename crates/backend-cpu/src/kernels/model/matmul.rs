@@ -29,7 +29,7 @@ thread_local! {
 
 /// Quantises the `rows` activation rows of `x` (`rows * k` values) to `f`'s activation
 /// format, over the pool for big batches, then runs `body` on them.
-fn with_quantised<R>(
+pub(super) fn with_quantised<R>(
     a: &KernelArgs<'_>,
     f: &Format,
     x: &[f32],
@@ -83,23 +83,23 @@ fn q4_k_rows8(ty: strata_quant::QuantType) -> Option<strata_quant::q4k_rows8::Ro
 }
 
 /// One weight matrix times a set of activation rows.
-struct Product<'a> {
+pub(super) struct Product<'a> {
     /// `m` rows of `f.row_bytes`.
-    w: &'a [u8],
+    pub w: &'a [u8],
     /// (activation row, output row) pairs.
-    cols: &'a [(usize, usize)],
+    pub cols: &'a [(usize, usize)],
 }
 
 /// A shared view of one launch's products: the quantised activations, the output
 /// (`y[out_row * m + r]`) and the shapes.
-struct Gemm<'a> {
-    f: Format,
-    k: usize,
-    m: usize,
-    acts: &'a [u8],
-    y: DisjointOut<'a, f32>,
+pub(super) struct Gemm<'a> {
+    pub f: Format,
+    pub k: usize,
+    pub m: usize,
+    pub acts: &'a [u8],
+    pub y: DisjointOut<'a, f32>,
     /// The format's tile kernels, when this CPU has them.
-    tiles: Option<&'static Tiles>,
+    pub tiles: Option<&'static Tiles>,
 }
 
 impl Gemm<'_> {
@@ -117,7 +117,7 @@ impl Gemm<'_> {
     }
 
     /// Output rows `r0..r1` of `p`, for all of its columns.
-    fn rows(&self, p: &Product<'_>, r0: usize, r1: usize) {
+    pub(super) fn rows(&self, p: &Product<'_>, r0: usize, r1: usize) {
         let rb = self.f.row_bytes;
         let dot = self.f.kernels.vec_dot;
         let k = self.k;
@@ -237,29 +237,36 @@ impl Gemm<'_> {
 
     /// Runs every product, split over the pool by ranges of weight rows.
     fn run(&self, pool: Option<&par::KernelPool>, products: &[Product<'_>]) {
-        let total: usize = products
-            .iter()
-            .map(|p| self.m * self.k * p.cols.len())
-            .sum();
-        let per_task = par::task_work(pool, total);
-        let mut tasks = Vec::new();
-        for (i, p) in products.iter().enumerate() {
-            let row_work = (self.k * p.cols.len()).max(1);
-            let mut rows = (per_task / row_work).clamp(1, self.m.max(1));
-            if rows > ROW_BLOCK {
-                rows = rows.next_multiple_of(ROW_BLOCK);
-            }
-            tasks.extend(
-                (0..self.m)
-                    .step_by(rows)
-                    .map(|r0| (i, r0, (r0 + rows).min(self.m))),
-            );
-        }
+        let tasks = row_tasks(pool, self.m, self.k, products, 1);
         par::for_each(pool, tasks.len(), |t| {
             let (i, r0, r1) = tasks[t];
             self.rows(&products[i], r0, r1);
         });
     }
+}
+
+/// `(product, first row, end row)` tasks covering every product's `m` weight rows, sized
+/// so the pool balances (see [`par::task_work`]); `passes` is how many matrices of this
+/// shape a task runs over its rows (2: gate and up).
+pub(super) fn row_tasks(
+    pool: Option<&par::KernelPool>,
+    m: usize,
+    k: usize,
+    products: &[Product<'_>],
+    passes: usize,
+) -> Vec<(usize, usize, usize)> {
+    let total: usize = products.iter().map(|p| passes * m * k * p.cols.len()).sum();
+    let per_task = par::task_work(pool, total);
+    let mut tasks = Vec::new();
+    for (i, p) in products.iter().enumerate() {
+        let row_work = (passes * k * p.cols.len()).max(1);
+        let mut rows = (per_task / row_work).clamp(1, m.max(1));
+        if rows > ROW_BLOCK {
+            rows = rows.next_multiple_of(ROW_BLOCK);
+        }
+        tasks.extend((0..m).step_by(rows).map(|r0| (i, r0, (r0 + rows).min(m))));
+    }
+    tasks
 }
 
 /// `y[n x m] = x[n x k] * w^T`.
@@ -299,6 +306,75 @@ pub fn mul_mat(a: &KernelArgs<'_>) -> Result<(), String> {
     })
 }
 
+/// A launch's (token, slot) pairs grouped by expert: which activation row each reads and
+/// which output row it writes.
+pub(super) struct Routes {
+    /// (activation row, output row), sorted by expert (then by slot).
+    cols: Vec<(usize, usize)>,
+    /// (expert, first, end) ranges of `cols`.
+    experts: Vec<(usize, usize, usize)>,
+}
+
+impl Routes {
+    /// The pairs of `ids` (`n_used` slots per token); a pair reads activation row `s`
+    /// (its slot) when `x_per_slot`, else its token's.
+    pub fn new(op: &str, ids: &[i32], n_used: usize, x_per_slot: bool) -> Result<Self, String> {
+        let mut slots = Vec::with_capacity(ids.len());
+        for (s, &id) in ids.iter().enumerate() {
+            let e = usize::try_from(id).map_err(|_| {
+                format!(
+                    "{op}: token {} slot {} has expert id {id}",
+                    s / n_used.max(1),
+                    s % n_used.max(1)
+                )
+            })?;
+            let act_row = if x_per_slot { s } else { s / n_used };
+            slots.push((e, act_row, s));
+        }
+        slots.sort_unstable();
+        let cols = slots.iter().map(|&(_, ai, oi)| (ai, oi)).collect();
+        let mut experts = Vec::new();
+        let mut start = 0;
+        while start < slots.len() {
+            let e = slots[start].0;
+            let end = start + slots[start..].iter().take_while(|s| s.0 == e).count();
+            experts.push((e, start, end));
+            start = end;
+        }
+        Ok(Routes { cols, experts })
+    }
+
+    /// One product per routed expert: its `matrix_bytes` at `e * expert_bytes` of `w`,
+    /// checked to lie inside `w`.
+    pub fn products<'a>(
+        &'a self,
+        op: &str,
+        w: &'a [u8],
+        expert_bytes: usize,
+        matrix_bytes: usize,
+    ) -> Result<Vec<Product<'a>>, String> {
+        self.experts
+            .iter()
+            .map(|&(e, start, end)| {
+                let base = e
+                    .checked_mul(expert_bytes)
+                    .filter(|b| b.checked_add(matrix_bytes).is_some())
+                    .ok_or_else(|| format!("{op}: expert id {e} overflows the weight offset"))?;
+                fits(
+                    op,
+                    &format!("expert {e}'s weights (bytes)"),
+                    base + matrix_bytes,
+                    w.len(),
+                )?;
+                Ok(Product {
+                    w: &w[base..base + matrix_bytes],
+                    cols: &self.cols[start..end],
+                })
+            })
+            .collect()
+    }
+}
+
 /// `y[t][j] = x' * W_e^T` for the expert `e = ids[t][j]` of every token's slots.
 pub fn mul_mat_experts(a: &KernelArgs<'_>) -> Result<(), String> {
     const OP: &str = "mul_mat_experts";
@@ -327,44 +403,14 @@ pub fn mul_mat_experts(a: &KernelArgs<'_>) -> Result<(), String> {
     };
     let x = prefix(OP, "x", x, &[x_rows, k])?;
     let y = prefix_mut(OP, "y", y, &[n_tokens, n_used, m])?;
-    // Slots grouped by expert: (expert, activation row, output row).
-    let mut slots = Vec::with_capacity(ids.len());
-    for (s, &id) in ids.iter().enumerate() {
-        let e = usize::try_from(id).map_err(|_| {
-            format!(
-                "{OP}: token {} slot {} has expert id {id}",
-                s / n_used.max(1),
-                s % n_used.max(1)
-            )
-        })?;
-        let end = e
-            .checked_mul(expert_bytes)
-            .and_then(|o| o.checked_add(matrix_bytes))
-            .ok_or_else(|| format!("{OP}: expert id {e} overflows the weight offset"))?;
-        fits(OP, &format!("expert {e}'s weights (bytes)"), end, w.len())?;
-        let act_row = if x_per_slot { s } else { s / n_used };
-        slots.push((e, act_row, s));
-    }
+    let routes = Routes::new(OP, ids, n_used, x_per_slot)?;
+    let products = routes.products(OP, w, expert_bytes, matrix_bytes)?;
     if k == 0 {
         y.fill(0.0);
         return Ok(());
     }
-    if m == 0 || slots.is_empty() {
+    if m == 0 || products.is_empty() {
         return Ok(());
-    }
-    slots.sort_unstable();
-    let cols: Vec<(usize, usize)> = slots.iter().map(|&(_, ai, oi)| (ai, oi)).collect();
-    let mut products = Vec::new();
-    let mut start = 0;
-    while start < slots.len() {
-        let e = slots[start].0;
-        let end = start + slots[start..].iter().take_while(|s| s.0 == e).count();
-        let base = e * expert_bytes;
-        products.push(Product {
-            w: &w[base..base + matrix_bytes],
-            cols: &cols[start..end],
-        });
-        start = end;
     }
     with_quantised(a, &f, x, k, |acts| {
         let gemm = Gemm {

@@ -207,4 +207,35 @@ impl<'a, T> DisjointOut<'a, T> {
         // cannot overlap the output, which is borrowed mutably for 'a.
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(index), values.len()) }
     }
+
+    /// The elements `index..index + len`.
+    ///
+    /// # Safety
+    /// No other task may write those indices while the slice lives.
+    #[inline]
+    pub unsafe fn slice(&self, index: usize, len: usize) -> &[T] {
+        self.check(index, len);
+        // SAFETY: in bounds (checked); no concurrent writer per the caller's contract.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(index), len) }
+    }
+
+    /// The elements `index..index + len`, mutably.
+    ///
+    /// # Safety
+    /// No other task may read or write those indices while the slice lives.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, index: usize, len: usize) -> &mut [T] {
+        self.check(index, len);
+        // SAFETY: in bounds (checked); exclusive per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(index), len) }
+    }
+
+    fn check(&self, index: usize, len: usize) {
+        assert!(
+            index.checked_add(len).is_some_and(|end| end <= self.len),
+            "DisjointOut range {index}+{len} > {}",
+            self.len
+        );
+    }
 }

@@ -1,0 +1,110 @@
+//! Timing of the CPU pool alone, not a check: decode-shaped calls (one token's routed
+//! experts per layer, every layer in turn, fresh random experts each call) on a CPU pool
+//! device, the median wall time of a layer's `start` + `wait`. For A/B runs of the pool's
+//! per-layer path:
+//!
+//! STRATA_POOL_BENCH_FILE=/tmp/pool-q4k.gguf STRATA_POOL_BENCH_THREADS=2 \
+//!   cargo test --release -p strata-engine --test pool_timing -- --ignored --nocapture
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use strata_backend_cpu::CpuOptions;
+use strata_engine::experts::CpuPool;
+use strata_gguf::GgufFile;
+use strata_model::model::Ffn;
+use strata_model::{LoadOptions, Model};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+#[ignore]
+fn pool_decode_layer_time() {
+    let path =
+        std::env::var("STRATA_POOL_BENCH_FILE").unwrap_or_else(|_| "/tmp/pool-q4k.gguf".into());
+    if !std::path::Path::new(&path).exists() {
+        eprintln!("pool_timing: {path} is absent (make it with `strata synth`); skipped");
+        return;
+    }
+    let threads = env_usize("STRATA_POOL_BENCH_THREADS", 2);
+    let tokens = env_usize("STRATA_POOL_BENCH_TOKENS", 64);
+    let gguf = Arc::new(GgufFile::open(&path).unwrap());
+    let main = strata_backend_cpu::device(CpuOptions {
+        threads: Some(1),
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let opts = LoadOptions {
+        experts_on_device: false,
+    };
+    let model = Model::load_with(&main, main.main_stream(), gguf.clone(), opts, |_, _| {}).unwrap();
+    let pool_dev = strata_backend_cpu::device(CpuOptions {
+        threads: Some(threads),
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let mut pool = CpuPool::new(pool_dev, &model, gguf).unwrap();
+    let used = model.hp.moe.as_ref().map_or(0, |m| m.n_expert_used);
+    let moe: Vec<(usize, u32, u32)> = model
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match &l.ffn {
+            Ffn::Moe { gate, .. } => Some((i, gate.n_expert, used)),
+            _ => None,
+        })
+        .collect();
+    let embd = model.hp.n_embd as usize;
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let x: Vec<f32> = (0..embd)
+        .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let (mut times, mut queue_times) = (Vec::new(), Vec::new());
+    for t in 0..tokens + 4 {
+        for &(il, n_expert, used) in &moe {
+            let mut ids: Vec<i32> = Vec::new();
+            while ids.len() < used as usize {
+                let e = (next() % n_expert as u64) as i32;
+                if !ids.contains(&e) {
+                    ids.push(e);
+                }
+            }
+            let xs: Vec<f32> = ids.iter().flat_map(|_| x.iter().copied()).collect();
+            let t0 = Instant::now();
+            let pending = pool.start(il, &xs, &ids).unwrap();
+            let queued = t0.elapsed().as_secs_f64();
+            let y = pending.wait().unwrap();
+            let dt = t0.elapsed().as_secs_f64();
+            assert_eq!(y.len(), ids.len() * embd);
+            if t >= 4 {
+                times.push(dt);
+                queue_times.push(queued);
+            }
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    queue_times.sort_by(f64::total_cmp);
+    let med = times[times.len() / 2];
+    let sum: f64 = times.iter().sum();
+    println!(
+        "pool_timing {path} threads {threads}: median {:.1} us a layer (queueing {:.1} us), mean {:.1} us, p10 {:.1} us ({} calls)",
+        med * 1e6,
+        queue_times[queue_times.len() / 2] * 1e6,
+        sum / times.len() as f64 * 1e6,
+        times[times.len() / 10] * 1e6,
+        times.len()
+    );
+}
