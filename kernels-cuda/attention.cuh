@@ -1,50 +1,40 @@
 // Causal GQA attention of up to 64 tokens a launch over the K/V cache (decode steps, verify
-// windows, short reads; the int8 cache's every launch), split along the keys
-// (flash-decoding), included by model.cu for `attention` (f16 cache) and `attention_q8`
-// (q8_0 cache); attention_pieces.cuh reads each format and multiplies on tensor cores.
+// windows, short reads), split along the keys (flash-decoding), included by model.cu for
+// `attention` (f16 cache; attention_q8 still runs attention_q8_old.cuh).
 //
 // A unit is one (token, K/V head, group of up to ATT_HEADS query heads sharing that K/V
 // head): each cache row is read once per unit, not once per query head. The unit's span
 // (rows 0..=pos) is cut into chunks of ATT_CHUNK rows at fixed positions; a cluster of CL
-// blocks (sm_90's thread-block clusters, 16: the backend allows that non-portable size and
-// launches one cluster per unit) takes the unit, block r taking chunks r, r + CL, ...; each
-// chunk is four pieces of ATT_PIECE rows, and the block's warps take its pieces in turn
-// (piece i of the block to warp i % warps). Each warp streams its pieces once, K and V of a
-// piece staged together in shared memory by cp.async, up to ATT_MAX_STAGES pieces in
-// flight, when the launch gives dynamic shared memory (the backend's variants do; read
-// straight from the cache otherwise: the same numbers), and keeps an online softmax: a
-// running maximum and sum per head and the P·V sums, rescaled when the maximum grows. The
-// block then folds its warps' partial results in warp order, and the cluster folds its
-// blocks' through distributed shared memory in rank order. A span of one chunk is done by
-// block 0 alone. Which block and warp does what depends only on the position (and the
-// block size), never on the grid or the batch, so a row's result is the same bit for bit
-// in a one-token step, a verify window or a batch of up to 64 tokens (model_ops' attention
-// test; the engine's spec identity). Without clusters (older GPUs, the host emulator) one
-// block takes every chunk; tools/cuda_emulate runs both forms.
+// blocks (sm_90's thread-block clusters, 16: the backend allows that non-portable size)
+// takes the unit, block r taking chunks r, r + CL, ...; each chunk is four pieces of
+// ATT_PIECE rows, and the block's warps take its pieces in turn (piece i of the block to
+// warp i % warps). Each warp streams its pieces once (K and V of a piece staged together
+// in shared memory by cp.async, ATT_MAX_STAGES deep, when the launch gives dynamic shared
+// memory; read straight from the cache otherwise, the same numbers) and keeps an online
+// softmax: a running maximum and sum per head and the P·V sums, rescaled when the maximum
+// grows. The block then folds its warps' partial results in warp order, and the cluster
+// folds its blocks' through distributed shared memory in rank order. A span of one chunk
+// is done by block 0 alone. Which block and warp does what depends only on the position
+// (and the block size), never on the grid or the batch, so a row's result is the same bit
+// for bit in a one-token step, a verify window or a batch of up to 64 tokens (model_ops'
+// attention test; the engine's spec identity). Without clusters (older GPUs, the host
+// emulator) one block takes every chunk; tools/cuda_emulate runs both forms.
 //
-// At Qwen3-30B-A3B's shape (4 K/V heads of 128, 8 query heads each) a one-token step is 4
-// units, 64 blocks; a block streams 1/16 of its unit's K and V (32 KB per chunk of 64
-// rows): 128 KB at depth 4K, 1 MB at 32K, 4 MB at 128K (a layer's step: 8, 64, 256 MB),
-// with 8 warps x 2 pieces of 8.7 KB in flight (a third being multiplied).
-//
-// Numerics. Products on tensor cores (m16n8k16, f32 sums; emulated through shared memory
-// below sm_80): the unit's 16 query rows are its heads' high parts (rows 0-7) and low parts
-// (rows 8-15). Scores S = Q·Kᵀ times scale·log2(e) in one f32 multiply, exponentials exp2f
-// of the difference to the running maximum. The unnormalised probabilities p (≤ 1) enter
-// P·V as two halves, hi = round(p) in row h and lo = round(p - hi) in row h + 8 (the rows
-// of the low parts), so P·V sees p to about 2^-22 (f16) instead of 2^-11; the sums are f32
-// and the output is divided by the f32 sum of the p at the end.
-// - f16 cache: the query rounded to f16 (as ggml converts it for an f16 K cache; no low
-//   part). The CPU (ggml without flash attention) rounds each normalised probability to
-//   f16 before P·V instead of this kernel's (the old kernel's) f16 rounding of p:
-//   results differ by that rounding, at most 2^-12 of each weight, i.e. |Δout| ≤
-//   2^-12·max|v| (model_ops' tolerance is 5e-4), and by the summation order (~1e-6).
-// - q8_0 cache: bf16 products (the int8 values are exact); the query as bf16 high and low
-//   parts (~2^-17), each 32-value block's product times its key's scale in f32, and P·V
-//   with p·d (the V block's scale) as bf16 halves: ~1e-5 relative to the f32 CPU path.
+// Products on tensor cores (m16n8k16, f32 sums; emulated through shared memory below
+// sm_80): the unit's 16 query rows are its heads (rows 0-7; rows 8-15 zero for the f16
+// cache). Scores S = Q·Kᵀ with the query rounded to f16 (as ggml converts it for an f16 K
+// cache), times scale·log2(e) in one f32 multiply, exponentials exp2f of the difference to
+// the running maximum. The unnormalised probabilities p (≤ 1) enter P·V as two f16 halves,
+// hi = f16(p) in row h and lo = f16(p - hi) in row h + 8 (the free rows of the tile), so P·V
+// sees p to about 2^-22 instead of f16's 2^-11; the sums are f32 and the output is divided
+// by the f32 sum of the p at the end. The CPU (ggml without flash attention) rounds each
+// normalised probability to f16 before P·V instead: the results differ by that rounding,
+// at most 2^-12 of each weight, i.e. |Δout| ≤ 2^-12·max|v| (model_ops' tolerance is 5e-4),
+// and by the products' summation order (~1e-6).
 #pragma once
 
 #include "common.cuh"
+#include "matmul.cuh"  // cp_async16
 
 #define ATT_CHUNK 64          // cache rows per chunk: what a block of a cluster takes at once
 #define ATT_PIECE 16          // cache rows a warp takes at once (one k-step of P·V)
@@ -149,7 +139,76 @@ struct AttCluster<1> {
     __device__ __forceinline__ static const T* map(const T* local, uint32_t) { return local; }
 };
 
-#include "attention_pieces.cuh"
+// D += A·B, m16n8k16, f16 inputs, f32 sums (the PTX ISA's fragment layout: lane (g, t) holds
+// A rows g and g + 8, columns 2t.. and 2t + 8..; B column g, rows 2t.. and 2t + 8..; D rows
+// g and g + 8, columns 2t, 2t + 1). `scratch`: the warp's fragments where emulated.
+__device__ __forceinline__ void att_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1, uint16_t* scratch) {
+#if ATT_TENSOR_CORES
+    (void)scratch;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint16_t* A = scratch;  // 16x16, row-major
+    uint16_t* B = A + 16 * 16;  // [k][n]
+    const uint32_t at[4][2] = {{g, 2 * t}, {g + 8, 2 * t}, {g, 2 * t + 8}, {g + 8, 2 * t + 8}};
+    for (int i = 0; i < 4; i++) {
+        A[at[i][0] * 16 + at[i][1]] = (uint16_t)(a[i] & 0xffff);
+        A[at[i][0] * 16 + at[i][1] + 1] = (uint16_t)(a[i] >> 16);
+    }
+    B[(2 * t) * 8 + g] = (uint16_t)(b0 & 0xffff);
+    B[(2 * t + 1) * 8 + g] = (uint16_t)(b0 >> 16);
+    B[(2 * t + 8) * 8 + g] = (uint16_t)(b1 & 0xffff);
+    B[(2 * t + 9) * 8 + g] = (uint16_t)(b1 >> 16);
+    __syncwarp();
+    for (int e = 0; e < 4; e++) {
+        const uint32_t row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float s = d[e];
+        for (int k = 0; k < 16; k++) s = fmaf(f16_to_f32(A[row * 16 + k]), f16_to_f32(B[k * 8 + col]), s);
+        d[e] = s;
+    }
+    __syncwarp();
+#endif
+}
+
+// p as two f16 (hi = f16(p), lo = f16(p - hi)) for the pair (p0, p1): hi pair, lo pair.
+__device__ __forceinline__ void att_split(float p0, float p1, uint32_t& hi, uint32_t& lo) {
+    const uint16_t h0 = f32_to_f16(p0), h1 = f32_to_f16(p1);
+    const uint16_t l0 = f32_to_f16(__fsub_rn(p0, f16_to_f32(h0)));
+    const uint16_t l1 = f32_to_f16(__fsub_rn(p1, f16_to_f32(h1)));
+    hi = (uint32_t)h0 | ((uint32_t)h1 << 16);
+    lo = (uint32_t)l0 | ((uint32_t)l1 << 16);
+}
+
+// The f16 cache as a warp reads one piece of it: ATT_PIECE rows of the unit's K/V head,
+// staged in shared memory (`staged`: zero rows past the span, zero dimensions up to a
+// multiple of 16) or straight from the cache (rows past `valid` and dimensions past
+// `dims` read as zero).
+struct AttF16Piece {
+    const uint16_t* k;
+    const uint16_t* v;
+    uint64_t stride;  // u16 from one row to the next
+    uint32_t valid;   // rows that exist
+    uint32_t dims;    // dimensions that exist
+    // Dimensions d, d + 1 of row r of K (d even).
+    template <bool staged>
+    __device__ __forceinline__ uint32_t k2(uint32_t r, uint32_t d) const {
+        if (!staged && (r >= valid || d >= dims)) return 0u;
+        return *(const uint32_t*)(k + r * stride + d);
+    }
+    // Dimension d of rows r0 and r1 of V.
+    template <bool staged>
+    __device__ __forceinline__ uint32_t v2(uint32_t r0, uint32_t r1, uint32_t d) const {
+        if (staged) return (uint32_t)v[r0 * stride + d] | ((uint32_t)v[r1 * stride + d] << 16);
+        if (d >= dims) return 0u;
+        const uint32_t a = r0 < valid ? v[r0 * stride + d] : 0u;
+        const uint32_t b = r1 < valid ? v[r1 * stride + d] : 0u;
+        return a | (b << 16);
+    }
+};
 
 // One warp's online softmax over the pieces it takes: the running maximum m (log2 units,
 // of head g = lane / 4), this lane's part of the sum l, and the P·V sums acc (rows g and
@@ -163,21 +222,34 @@ struct AttWarpState {
 
 // Adds piece `pc` (rows j0.., the unit's span `span`) to the warp's state. `hp`: head_dim
 // rounded up to 16; scale2 = scale·log2(e).
-template <class Kv, uint32_t HD, bool staged>
-__device__ __forceinline__ void att_piece(AttWarpState<HD>& st, const typename Kv::Piece& pc,
+template <uint32_t HD, bool staged>
+__device__ __forceinline__ void att_piece(AttWarpState<HD>& st, const AttF16Piece& pc,
                                           const AttShared& sh, uint16_t* scratch, uint64_t j0,
                                           uint64_t span, uint32_t hp, float scale2) {
-    const uint32_t t = threadIdx.x & 3;
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    // S = Q·Kᵀ for the piece's 16 keys: key tiles n = 0, 1 (keys 8n..8n + 7).
+    float s[2][4];
+#pragma unroll
+    for (uint32_t n = 0; n < 2; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (uint32_t d0 = 0; d0 < HD; d0 += 16) {
+        if (d0 >= hp) break;
+        const uint16_t* qr = sh.q + g * ATT_Q_STRIDE + d0 + 2 * t;
+        const uint32_t a[4] = {*(const uint32_t*)qr, 0u, *(const uint32_t*)(qr + 8), 0u};
+#pragma unroll
+        for (uint32_t n = 0; n < 2; n++)
+            att_mma(s[n], a, pc.k2<staged>(8 * n + g, d0 + 2 * t), pc.k2<staged>(8 * n + g, d0 + 2 * t + 8),
+                    scratch);
+    }
     // This lane's keys 8n + 2t + e of head g: scaled, masked past the span.
     float x[2][2];
-    pc.template scores<HD, staged>(x, sh, scratch, hp);
     float mx = -F32_INF;
 #pragma unroll
     for (uint32_t n = 0; n < 2; n++)
 #pragma unroll
         for (uint32_t e = 0; e < 2; e++) {
             const uint64_t key = j0 + 8 * n + 2 * t + e;
-            x[n][e] = key < span ? __fmul_rn(x[n][e], scale2) : -F32_INF;
+            x[n][e] = key < span ? __fmul_rn(__fadd_rn(s[n][e], s[n][2 + e]), scale2) : -F32_INF;
             mx = fmaxf(mx, x[n][e]);
         }
     mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
@@ -194,18 +266,42 @@ __device__ __forceinline__ void att_piece(AttWarpState<HD>& st, const typename K
         for (uint32_t e = 0; e < 2; e++) p[n][e] = exp2f(__fsub_rn(x[n][e], base));
     st.l = __fadd_rn(__fmul_rn(st.l, alpha),
                      __fadd_rn(__fadd_rn(p[0][0], p[0][1]), __fadd_rn(p[1][0], p[1][1])));
+    // P as the A fragment of P·V: row g the hi halves, row g + 8 the lo halves.
+    uint32_t a[4];
+    att_split(p[0][0], p[0][1], a[0], a[1]);
+    att_split(p[1][0], p[1][1], a[2], a[3]);
 #pragma unroll
     for (uint32_t n = 0; n < HD / 8; n++) {
         if (8 * n >= hp) break;
 #pragma unroll
         for (uint32_t e = 0; e < 4; e++) st.acc[n][e] = __fmul_rn(st.acc[n][e], alpha);
+        att_mma(st.acc[n], a, pc.v2<staged>(2 * t, 2 * t + 1, 8 * n + g),
+                pc.v2<staged>(2 * t + 8, 2 * t + 9, 8 * n + g), scratch);
     }
-    pc.template pv<HD, staged>(st.acc, p, scratch, hp);
 }
+
+// cp.async groups: commit, and wait until at most `n` of this thread's are in flight.
+__device__ __forceinline__ void att_commit() {
+#if ATT_TENSOR_CORES
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void att_wait(uint32_t n) {
+#if ATT_TENSOR_CORES
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    }
+#else
+    (void)n;
+#endif
+}
+static_assert(ATT_MAX_STAGES <= 3, "att_wait waits for at most 2 groups in flight");
 
 // The kernel body, for head dimensions up to HD, in clusters of CL blocks. `stages`:
 // dynamic shared memory (`stage_bytes`) for the warps' staged pieces, or none.
-template <class Kv, uint32_t HD, uint32_t CL>
+template <uint32_t HD, uint32_t CL>
 __device__ __forceinline__ void attention_body(const float* q, const int32_t* pos, float* out,
                                                uint32_t n_tokens, uint32_t n_head,
                                                uint32_t n_kv_head, uint32_t head_dim,
@@ -218,14 +314,13 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
     const uint32_t rank = Cl::rank();
     const uint32_t group = n_head / n_kv_head, head_groups = (group + ATT_HEADS - 1) / ATT_HEADS;
     const uint32_t hp = (head_dim + 15) & ~15u;
-    const uint32_t slice = Kv::slice(head_dim);  // u16 of a head in a cache row
-    const uint64_t row = (uint64_t)n_kv_head * slice;
+    const uint64_t row = (uint64_t)n_kv_head * head_dim;
     const float scale2 = __fmul_rn(scale, 1.4426950408889634f);
-    // Staged pieces: K rows then V rows, each row `stride` u16; `ns` per warp, copied in
-    // pieces of `cp` bytes.
-    const uint32_t stride = Kv::stride(head_dim), piece_u16 = 2 * ATT_PIECE * stride;
-    const uint32_t cp = Kv::copy_bytes(head_dim, row, k_cache, v_cache);
-    const uint32_t ns = cp ? min((uint32_t)ATT_MAX_STAGES, stage_bytes / (2 * piece_u16 * nwarps)) : 0u;
+    // Staged pieces: K rows then V rows, each row hp + ATT_PAD u16; `ns` per warp.
+    const uint32_t stride = hp + ATT_PAD, piece_u16 = 2 * ATT_PIECE * stride;
+    const bool stageable = head_dim % 16 == 0 && row % 8 == 0 &&
+                           (((uint64_t)k_cache | (uint64_t)v_cache) & 15) == 0;
+    const uint32_t ns = stageable ? min((uint32_t)ATT_MAX_STAGES, stage_bytes / (2 * piece_u16 * nwarps)) : 0u;
     uint16_t* const mine = stages + (uint64_t)warp * ns * piece_u16;
 #if ATT_TENSOR_CORES
     uint16_t* const scratch = nullptr;
@@ -238,27 +333,24 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
         const uint32_t rest = (uint32_t)(un % ((uint64_t)n_kv_head * head_groups));
         const uint32_t kvh = rest / head_groups, hg = rest % head_groups;
         const uint32_t h0 = kvh * group + hg * ATT_HEADS, nh = min(ATT_HEADS, group - hg * ATT_HEADS);
-        const uint64_t head_at = (uint64_t)kvh * slice;
+        const uint64_t head_at = (uint64_t)kvh * head_dim;
         const int32_t p = pos[tk];
         const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
         const uint64_t chunks = (span + ATT_CHUNK - 1) / ATT_CHUNK;
         const bool alone = chunks <= 1;  // the same for every block of the cluster
         if (alone && rank != 0) continue;
-        // The unit's queries: head h's high part in row h, its low part in row h + 8
-        // (Kv::query); rows past nh and dimensions past head_dim zero.
+        // The unit's queries as f16 rows 0..nh (ggml rounds q for an f16 K cache); the
+        // other rows and the dimensions past head_dim zero.
         const float* qg = q + (tk * n_head + h0) * head_dim;
-        for (uint32_t i = tid; i < ATT_HEADS * (hp / 2); i += T) {
+        for (uint32_t i = tid; i < ATT_ROWS * (hp / 2); i += T) {
             const uint32_t r = i / (hp / 2), d = 2 * (i % (hp / 2));
             float x0 = 0.0f, x1 = 0.0f;
             if (r < nh) {
                 if (d < head_dim) x0 = qg[r * head_dim + d];
                 if (d + 1 < head_dim) x1 = qg[r * head_dim + d + 1];
             }
-            uint16_t h0b, l0b, h1b, l1b;
-            Kv::query(x0, h0b, l0b);
-            Kv::query(x1, h1b, l1b);
-            *(uint32_t*)(sh.q + r * ATT_Q_STRIDE + d) = (uint32_t)h0b | ((uint32_t)h1b << 16);
-            *(uint32_t*)(sh.q + (r + 8) * ATT_Q_STRIDE + d) = (uint32_t)l0b | ((uint32_t)l1b << 16);
+            *(uint32_t*)(sh.q + r * ATT_Q_STRIDE + d) =
+                (uint32_t)f32_to_f16(x0) | ((uint32_t)f32_to_f16(x1) << 16);
         }
         __syncthreads();
 
@@ -278,21 +370,20 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
 #pragma unroll
         for (uint32_t n = 0; n < HD / 8; n++) st.acc[n][0] = st.acc[n][1] = st.acc[n][2] = st.acc[n][3] = 0.0f;
         if (ns > 0) {
-            // Piece s of this warp into slot s % ns: copies of cp bytes, rows past the span
-            // zero.
+            // Piece s of this warp into slot s % ns: 16-byte copies, rows past the span zero.
             auto issue = [&](uint64_t s) {
                 const uint64_t j0 = piece_row(warp + s * nwarps);
-                const uint32_t valid = (uint32_t)min((uint64_t)ATT_PIECE, span - j0);
-                const uint32_t seg_u16 = cp / 2, segs = slice / seg_u16;
+                const uint32_t valid = (uint32_t)min((uint64_t)ATT_PIECE, span - j0), segs = hp / 8;
                 uint16_t* dst = mine + (uint32_t)(s % ns) * piece_u16;
                 for (uint32_t e = lane; e < 2 * ATT_PIECE * segs; e += 32) {
                     const uint32_t which = e / (ATT_PIECE * segs), r = (e / segs) % ATT_PIECE, sg = e % segs;
-                    uint16_t* to = dst + (which * ATT_PIECE + r) * stride + seg_u16 * sg;
+                    uint16_t* to = dst + (which * ATT_PIECE + r) * stride + 8 * sg;
                     if (r < valid) {
                         const uint16_t* src = which ? v_cache : k_cache;
-                        att_copy(to, src + (j0 + r) * row + head_at + seg_u16 * sg, cp);
+                        cp_async16(to, src + (j0 + r) * row + head_at + 8 * sg);
                     } else {
-                        for (uint32_t w = 0; w < seg_u16 / 2; w++) ((uint32_t*)to)[w] = 0u;
+                        const uint4 zero = {0u, 0u, 0u, 0u};
+                        *(uint4*)to = zero;
                     }
                 }
             };
@@ -304,8 +395,8 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
                 att_wait(ns - 1);
                 __syncwarp();
                 const uint16_t* at = mine + (uint32_t)(s % ns) * piece_u16;
-                const typename Kv::Piece pc{at, at + ATT_PIECE * stride, stride, ATT_PIECE, head_dim};
-                att_piece<Kv, HD, true>(st, pc, sh, scratch, piece_row(warp + s * nwarps), span, hp, scale2);
+                const AttF16Piece pc{at, at + ATT_PIECE * stride, stride, ATT_PIECE, hp};
+                att_piece<HD, true>(st, pc, sh, scratch, piece_row(warp + s * nwarps), span, hp, scale2);
                 __syncwarp();  // every lane is done with the slot before it is refilled
                 if (s + ns < n_mine) issue(s + ns);
                 att_commit();
@@ -314,9 +405,9 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
             for (uint64_t s = 0; s < n_mine; s++) {
                 const uint64_t j0 = piece_row(warp + s * nwarps);
                 const uint64_t at = j0 * row + head_at;
-                const typename Kv::Piece pc{k_cache + at, v_cache + at, row,
-                                            (uint32_t)min((uint64_t)ATT_PIECE, span - j0), head_dim};
-                att_piece<Kv, HD, false>(st, pc, sh, scratch, j0, span, hp, scale2);
+                const AttF16Piece pc{k_cache + at, v_cache + at, row,
+                                     (uint32_t)min((uint64_t)ATT_PIECE, span - j0), head_dim};
+                att_piece<HD, false>(st, pc, sh, scratch, j0, span, hp, scale2);
             }
         }
         // The warp's sum over its 4 lanes of a head, and the hi and lo rows' P·V sums.
@@ -389,8 +480,8 @@ __device__ __forceinline__ void attention_body(const float* q, const int32_t* po
 }
 
 // Checks the launch, then runs the instance for the head dimension. Blocks of whole
-// warps, at most ATT_MAX_THREADS; head_dim even (a multiple of 32 for the q8_0 cache).
-template <class Kv, uint32_t CL>
+// warps, at most ATT_MAX_THREADS.
+template <uint32_t CL>
 __device__ __forceinline__ void attention_run(const float* q, const int32_t* pos,
                                               const uint16_t* k_cache, const uint16_t* v_cache,
                                               float* out, uint32_t n_tokens, uint32_t n_head,
@@ -399,19 +490,18 @@ __device__ __forceinline__ void attention_run(const float* q, const int32_t* pos
                                               uint16_t* stages, uint32_t stage_bytes) {
     const uint32_t T = blockDim.x;
     if ((T & 31) != 0 || T > ATT_MAX_THREADS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
-        head_dim == 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1) ||
-        (Kv::bf16 && head_dim % 32 != 0))
+        head_dim == 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1))
         return fill_nan(out, (uint64_t)n_tokens * n_head * head_dim);
     if (head_dim <= 64)
-        attention_body<Kv, 64, CL>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx,
-                                   scale, k_cache, v_cache, sh, stages, stage_bytes);
+        attention_body<64, CL>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
+                               k_cache, v_cache, sh, stages, stage_bytes);
     else if (head_dim <= 128)
-        attention_body<Kv, 128, CL>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx,
-                                    scale, k_cache, v_cache, sh, stages, stage_bytes);
+        attention_body<128, CL>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
+                                k_cache, v_cache, sh, stages, stage_bytes);
     else
-        attention_body<Kv, ATT_MAX_HEAD_DIM, CL>(q, pos, out, n_tokens, n_head, n_kv_head,
-                                                 head_dim, n_ctx, scale, k_cache, v_cache, sh,
-                                                 stages, stage_bytes);
+        attention_body<ATT_MAX_HEAD_DIM, CL>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim,
+                                             n_ctx, scale, k_cache, v_cache, sh, stages,
+                                             stage_bytes);
 }
 
 // The kernel's shared memory: `sh` (static; one per block of an emulated cluster) and the
@@ -429,3 +519,6 @@ __device__ __forceinline__ void attention_run(const float* q, const int32_t* pos
     uint16_t* const stages = (uint16_t*)emu_cluster_smem[emu_slot];           \
     const uint32_t stage_bytes = emu_dynamic_smem_bytes
 #endif
+
+// The old three-phase kernel for the q8_0 cache, until it is ported to the pieces above.
+#include "attention_q8_old.cuh"

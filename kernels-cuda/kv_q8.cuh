@@ -2,8 +2,8 @@
 // model.cu. A cache row is kv_dim / 32 blocks of ggml's q8_0 layout: an f16 scale d and
 // 32 int8 values (34 bytes, 17 u16 words; value = d * q). The CPU twin is
 // crates/backend-cpu/src/kernels/model/kv_q8.rs. The attention over these caches is
-// attention.cuh's (AttQ8 in attention_pieces.cuh); it agrees with the CPU's to float
-// rounding (an online softmax, the CPU's two passes), not bit for bit.
+// attention.cuh's (AttKvQ8); it agrees with the CPU's to float rounding (a running maximum
+// per chunk of keys, the CPU's two passes), not bit for bit.
 #pragma once
 
 #include "common.cuh"

@@ -11,9 +11,8 @@
 // SM's registers, and a larger block is a launch error); work is
 // taken in grid-stride loops. The shapes that fit them best: element-wise ops one thread
 // per element; rms_norm one block per row; router_topk one warp per row; attention 256
-// threads a block, any grid (sm_90 launches it in clusters of 16 blocks, one cluster per
-// unit, with dynamic shared memory to stage the cache: the backend's variants; attention.cuh);
-// mul_mat one 256-thread block per 16 weight rows and tile of 8
+// threads a block, any grid (sm_90 launches it in clusters of 8 blocks: the backend rounds
+// the grid up; attention.cuh); mul_mat one 256-thread block per 16 weight rows and tile of 8
 // tokens (see matmul.cuh); mul_mat_experts one such block per 16 rows and (token, slot),
 // or per routed expert when the pairs are grouped.
 //
@@ -568,7 +567,7 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
               uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
     pdl_begin();
     ATT_SHARED(sh, stages, stage_bytes);
-    attention_run<AttF16, ATT_CLUSTER>(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head,
+    attention_run<ATT_CLUSTER>(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head,
                                head_dim, n_ctx, scale, sh, stages, stage_bytes);
 }
 
@@ -597,13 +596,12 @@ extern "C" __global__ void kv_store_q8(const float* k, const float* v, const int
     kv_store_q8_body(k, v, pos, k_cache, v_cache, kv_dim, n_tokens, n_ctx);
 }
 
-// attention.cuh's kernel over the q8_0 caches (AttQ8: dequantised inside the products).
-extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
+extern "C" __global__ void ATO_CLUSTER_DIMS __launch_bounds__(ATO_MAX_THREADS)
     attention_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
                  const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
                  uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
     pdl_begin();
-    ATT_SHARED(sh, stages, stage_bytes);
-    attention_run<AttQ8, ATT_CLUSTER>(q, pos, k_cache, v_cache, out, n_tokens, n_head,
-                                      n_kv_head, head_dim, n_ctx, scale, sh, stages, stage_bytes);
+    const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
+    const AtoKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_q8_old(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }

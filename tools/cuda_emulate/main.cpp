@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_f16|attention_q8|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -329,38 +329,10 @@ static void test_rope() {
 }
 
 static bool same(const std::vector<float>& a, const std::vector<float>& b);
-
-// A K/V cache of `ctx` rows of `kvd` values in either format, and its values as the
-// kernels read them (f16, or q8_0 blocks dequantised).
-struct AttCache {
-    bool q8;
-    int kvd, words;  // u16 per row
-    std::vector<uint16_t> k, v;
-    std::vector<float> kd, vd;
-    AttCache(bool q8_, int ctx, int kvd_) : q8(q8_), kvd(kvd_), words(q8_ ? kvd_ / 32 * 17 : kvd_) {
-        std::vector<float> kf(ctx * kvd), vf(ctx * kvd);
-        for (auto& x : kf) x = urand(2); for (auto& x : vf) x = urand(1);
-        k.resize((size_t)ctx * words); v.resize(k.size()); kd.resize(kf.size()); vd.resize(vf.size());
-        for (int j = 0; j < ctx; j++) {
-            if (!q8) {
-                for (int i = 0; i < kvd; i++) { k[j * kvd + i] = f32_to_f16(kf[j * kvd + i]); v[j * kvd + i] = f32_to_f16(vf[j * kvd + i]); }
-            } else {
-                for (int b = 0; b < kvd / 32; b++) { kvq8_quantise(&kf[j * kvd + 32 * b], &k[j * words + 17 * b]); kvq8_quantise(&vf[j * kvd + 32 * b], &v[j * words + 17 * b]); }
-            }
-            for (int i = 0; i < kvd; i++) { kd[j * kvd + i] = value(k, j, i); vd[j * kvd + i] = value(v, j, i); }
-        }
-    }
-    float value(const std::vector<uint16_t>& c, int j, int i) const {
-        if (!q8) return f16_to_f32(c[j * kvd + i]);
-        const uint16_t* blk = &c[j * words + 17 * (i / 32)];
-        return f16_to_f32(blk[0]) * (float)(int8_t)(blk[1 + (i % 32) / 2] >> (8 * (i & 1)));
-    }
-};
-
 // The worst difference of `out` (rows of tokens at positions pos0.., n_head heads) from the
-// f64 softmax over the cache's values, the query rounded to f16 for the f16 cache (as
-// ggml and the kernel do).
-static double attention_worst(const std::vector<float>& q, const AttCache& c, const std::vector<float>& out,
+// f64 softmax over the cache with the query rounded to f16 (ggml's, and the kernel's).
+static double attention_worst(const std::vector<float>& q, const std::vector<uint16_t>& kc,
+                              const std::vector<uint16_t>& vc, const std::vector<float>& out,
                               int nt, int nh, int nkv, int hd, int pos0) {
     double worst = 0;
     int g = nh / nkv, kvd = nkv * hd;
@@ -369,13 +341,9 @@ static double attention_worst(const std::vector<float>& q, const AttCache& c, co
         int span = pos0 + t + 1, off = (h / g) * hd;
         std::vector<double> s(span);
         double mx = -1e300;
-        for (int j = 0; j < span; j++) {
-            double d = 0;
-            for (int i = 0; i < hd; i++) { float x = q[(t * nh + h) * hd + i]; d += (double)(c.q8 ? x : round_to_f16(x)) * c.kd[j * kvd + off + i]; }
-            s[j] = d * scale; mx = std::max(mx, s[j]);
-        }
+        for (int j = 0; j < span; j++) { double d = 0; for (int i = 0; i < hd; i++) d += (double)round_to_f16(q[(t * nh + h) * hd + i]) * f16_to_f32(kc[j * kvd + off + i]); s[j] = d * scale; mx = std::max(mx, s[j]); }
         double sum = 0; for (auto& x : s) { x = exp(x - mx); sum += x; }
-        for (int i = 0; i < hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * c.vd[j * kvd + off + i]; worst = std::max(worst, fabs(out[(t * nh + h) * hd + i] - o)); }
+        for (int i = 0; i < hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * f16_to_f32(vc[j * kvd + off + i]); worst = std::max(worst, fabs(out[(t * nh + h) * hd + i] - o)); }
     }
     return worst;
 }
@@ -384,40 +352,34 @@ static double attention_worst(const std::vector<float>& q, const AttCache& c, co
 // the backend's variant gives), or none (every piece read from the cache).
 static const uint32_t ATT_STAGED_BYTES = 3 * 8 * 2 * ATT_PIECE * (128 + ATT_PAD) * 2;
 
-// attention.cuh over both caches without clusters (model.cu's `attention`, `attention_q8`)
-// and in clusters of 16 (attention_run with the emulator's clusters, as sm_90 runs it),
-// against the f64 softmax; staged and unstaged pieces give the same bits, and so does a
-// row alone, in a window of up to 64 tokens or on any grid.
-static void test_attention_cache(bool q8) {
-    const char* fmt = q8 ? "attention_q8" : "attention";
+// attention.cuh without clusters (model.cu's `attention` here) and in clusters of 16
+// (attention_run<16> with the emulator's clusters, as sm_90 runs it), against the f64
+// softmax; staged and unstaged pieces give the same bits, and so does a row alone, in a
+// window of up to 64 tokens or on any grid.
+static void test_attention() {
     struct C { int nt, nh, nkv, hd, pos0; } cases[] = {{1, 9, 3, 64, 0}, {1, 8, 2, 128, 700}, {1, 2, 2, 64, 4200}, {20, 8, 2, 64, 0}, {7, 6, 1, 96, 37}, {3, 4, 2, 6, 5}};
-    // The kernel's sums are f32 (tensor-core products, p as two halves, the q8 query as two
-    // bf16): ~1e-7 from the f64 softmax. One row of a 4200-row span missed or counted
-    // twice is ~1e-4.
-    const double tol = q8 ? 2e-5 : 1e-5;
-    auto kernel = [&](const float* qq, const int32_t* pp, const AttCache& c, float* oo, int nt, int nh, int nkv, int hd, int ctx, float scale) {
-        if (q8) attention_q8(qq, pp, c.k.data(), c.v.data(), oo, nt, nh, nkv, hd, ctx, scale);
-        else attention(qq, pp, c.k.data(), c.v.data(), oo, nt, nh, nkv, hd, ctx, scale);
-    };
+    // The kernel's sums are f32 (tensor-core products, p as two f16 halves): ~1e-7 from the
+    // f64 softmax. One row of a 4200-row span missed or counted twice is ~1e-4.
+    const double tol = 1e-5;
     for (auto c : cases) {
-        if (q8 && c.hd % 32 != 0) continue;
         int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
-        std::vector<float> q(c.nt * c.nh * c.hd);
-        for (auto& x : q) x = urand(2);
-        AttCache cache(q8, ctx, kvd);
+        std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
+        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(1);
+        std::vector<uint16_t> kc(ctx * kvd), vc(ctx * kvd);
+        for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
         std::vector<float> out(c.nt * c.nh * c.hd);
         float scale = 1.0f / sqrtf((float)c.hd);
         std::vector<int32_t> apos(c.nt);
         for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
         emu_dynamic_smem_bytes = 0;
-        launch(ops_grid(c.nt * c.nh), 256, [&] { kernel(q.data(), apos.data(), cache, out.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
+        launch(ops_grid(c.nt * c.nh), 256, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
         auto out1 = out, staged = out;
-        launch(c.nt * c.nh, 128, [&] { kernel(q.data(), apos.data(), cache, out1.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
+        launch(c.nt * c.nh, 128, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out1.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
         emu_dynamic_smem_bytes = ATT_STAGED_BYTES;
-        launch(3, 256, [&] { kernel(q.data(), apos.data(), cache, staged.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
+        launch(3, 256, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), staged.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
         emu_dynamic_smem_bytes = 0;
-        char what[120]; snprintf(what, sizeof what, "%s t=%d heads %d/%d hd=%d pos0=%d", fmt, c.nt, c.nh, c.nkv, c.hd, c.pos0);
-        report(what, attention_worst(q, cache, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
+        char what[120]; snprintf(what, sizeof what, "attention t=%d heads %d/%d hd=%d pos0=%d", c.nt, c.nh, c.nkv, c.hd, c.pos0);
+        report(what, attention_worst(q, kc, vc, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
         double d2 = 0; for (size_t i = 0; i < out.size(); i++) d2 = std::max(d2, (double)fabsf(out[i] - out1[i]));
         // another block size folds the warps' sums in another order
         report(std::string(what) + " block 128 vs 256", d2, 1e-6);
@@ -432,11 +394,11 @@ static void test_attention_cache(bool q8) {
         {2, 9, 3, 96, 2100, 256, {1}},           // groups of 3, head_dim 96, 33 chunks
     };
     for (auto& c : windows) {
-        if (q8 && c.nt == 64 && c.pos0 == 20) continue;  // the other window covers it
         int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
-        std::vector<float> q(c.nt * c.nh * c.hd);
-        for (auto& x : q) x = urand(2);
-        AttCache cache(q8, ctx, kvd);
+        std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
+        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(1);
+        std::vector<uint16_t> kc(ctx * kvd), vc(ctx * kvd);
+        for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
         float scale = 1.0f / sqrtf((float)c.hd);
         std::vector<int32_t> apos(c.nt);
         for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
@@ -445,16 +407,15 @@ static void test_attention_cache(bool q8) {
             emu_dynamic_smem_bytes = smem;
             launch_clusters(16 * clusters, c.block, 16, [&] {
                 ATT_SHARED(sh, stages, stage_bytes);
-                if (q8) attention_run<AttQ8, 16>(qq, pp, cache.k.data(), cache.v.data(), oo, nt, c.nh, c.nkv, c.hd, ctx, scale, sh, stages, stage_bytes);
-                else attention_run<AttF16, 16>(qq, pp, cache.k.data(), cache.v.data(), oo, nt, c.nh, c.nkv, c.hd, ctx, scale, sh, stages, stage_bytes);
+                attention_run<16>(qq, pp, kc.data(), vc.data(), oo, nt, c.nh, c.nkv, c.hd, ctx, scale, sh, stages, stage_bytes);
             });
             emu_dynamic_smem_bytes = 0;
         };
         std::vector<float> out(c.nt * c.nh * c.hd), direct(out.size());
         run(c.nt, q.data(), apos.data(), out.data(), units, ATT_STAGED_BYTES);
         run(c.nt, q.data(), apos.data(), direct.data(), std::min(units, 3), 0);
-        char what[120]; snprintf(what, sizeof what, "%s cluster 16 block %d t=%d heads %d/%d hd=%d pos0=%d", fmt, c.block, c.nt, c.nh, c.nkv, c.hd, c.pos0);
-        report(what, attention_worst(q, cache, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
+        char what[120]; snprintf(what, sizeof what, "attention cluster 16 block %d t=%d heads %d/%d hd=%d pos0=%d", c.block, c.nt, c.nh, c.nkv, c.hd, c.pos0);
+        report(what, attention_worst(q, kc, vc, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
         report(std::string(what) + " staged vs not, fewer clusters", same(out, direct) ? 0 : 1, 0);
         int row = c.nh * c.hd;
         for (int t : c.alone) {
@@ -464,10 +425,6 @@ static void test_attention_cache(bool q8) {
             report(std::string(what) + " row " + std::to_string(t) + " alone", eq ? 0 : 1, 0);
         }
     }
-}
-static void test_attention() {
-    test_attention_cache(false);
-    test_attention_cache(true);
 }
 
 // attention_prefill (attention_prefill.cuh, tensor-core fragments through the emulator's
@@ -880,8 +837,6 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "router") test_router();
     if (only.empty() || only == "embed") test_embed();
     if (only.empty() || only == "attention") test_attention();
-    if (only == "attention_f16") test_attention_cache(false);
-    if (only == "attention_q8") test_attention_cache(true);
     if (only.empty() || only == "attention" || only == "attention_prefill") test_attention_prefill();
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();

@@ -25,7 +25,6 @@ use crate::driver::{self, NAME, check};
 use crate::kernel_timing::KernelTiming;
 use crate::kernels::{self, KernelTable, MAX_ARGS};
 use crate::launch_options::LaunchOptions;
-use crate::variants::GridUse;
 
 /// How a CUDA device is opened.
 #[derive(Clone, Debug)]
@@ -427,13 +426,9 @@ impl Backend for CudaBackend {
         let [gx, gy, gz] = cfg.grid;
         let [bx, by, bz] = cfg.block;
         // A variant with coarser units than its kernel's runs on the blocks it has work for
-        // (its units are taken in grid-stride loops, as every kernel's); one whose units
-        // want a cluster each runs exactly those.
-        let gx = match choice.grid {
-            Some(GridUse::Cap(g)) => g(args, bx).map_or(gx, |units| gx.min(units)),
-            Some(GridUse::Clusters(g)) => {
-                g(args, bx).map_or(gx, |units| units.saturating_mul(entry.cluster_width.max(1)))
-            }
+        // (its units are taken in grid-stride loops, as every kernel's).
+        let gx = match choice.grid.and_then(|g| g(args, bx)) {
+            Some(units) => gx.min(units),
             None => gx,
         };
         let gx = entry.grid_x(gx);

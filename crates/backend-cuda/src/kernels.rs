@@ -13,7 +13,7 @@ use crate::compile::{self, Image, Origin};
 use crate::driver::{self, check};
 use crate::launch_options::{DependentLaunch, LaunchOptions};
 use crate::source_scan;
-use crate::variants::{GridUse, VARIANTS, Variant};
+use crate::variants::{VARIANTS, Variant, VariantGrid};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
@@ -87,7 +87,7 @@ fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error>
 pub(crate) struct LaunchChoice<'a> {
     pub entry: &'a KernelEntry,
     pub dynamic_smem: u32,
-    pub grid: Option<GridUse>,
+    pub grid: Option<VariantGrid>,
 }
 
 /// Every module of one context and the kernel table built from them.

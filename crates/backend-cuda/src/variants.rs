@@ -9,18 +9,6 @@ use strata_core::{KernelArg, KernelId};
 /// size (`None`: the launch's grid).
 pub(crate) type VariantGrid = fn(args: &[KernelArg], block_threads: u32) -> Option<u32>;
 
-/// How a launch uses a variant's grid (`VariantGrid`: its units, from the launch's
-/// arguments and block size).
-#[derive(Clone, Copy)]
-pub(crate) enum GridUse {
-    /// The launch's grid cut to the units, when it has more blocks than they need (the
-    /// variant's units are coarser than its kernel's).
-    Cap(VariantGrid),
-    /// One thread-block cluster per unit (one block where the kernel has no clusters),
-    /// whatever grid the launch asked for: attention.cuh's units want a cluster each.
-    Clusters(VariantGrid),
-}
-
 /// A kernel the backend launches in place of a listed one when `applies` says so for the
 /// launch's arguments: the same signature, compiled for that shape (ggml-cuda likewise
 /// picks its matrix-vector kernel for one-token products). Up to 64 tokens a launch its
@@ -36,9 +24,10 @@ pub(crate) struct Variant {
     /// Whether it may ask for more than the default 48 KiB (the limit is raised at load
     /// only for these: a raised limit can change the L1/shared split of every launch).
     pub large_smem: bool,
-    /// The units the variant has work for and how the launch's grid follows them (`None`:
-    /// the launch's grid).
-    pub grid: Option<GridUse>,
+    /// The blocks the variant has work for, given the launch's arguments and block size,
+    /// when that is fewer than the launch's grid (its kernel's units are coarser): the
+    /// launch is cut to them instead of scheduling blocks that exit at once.
+    pub grid: Option<VariantGrid>,
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -131,59 +120,6 @@ fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
     Some((128 + 4 * 64) * (head_dim + 8) * 2).filter(|&b| b <= limit)
 }
 
-/// Query heads of one K/V head a unit of attention.cuh takes (ATT_HEADS).
-const ATTENTION_UNIT_HEADS: u32 = 8;
-/// Stages of pieces each warp of attention.cuh keeps in flight (ATT_MAX_STAGES), and its
-/// warps in ops.rs' 256-thread blocks.
-const ATTENTION_STAGES: u32 = 3;
-const ATTENTION_WARPS: u32 = 8;
-
-/// Dynamic shared memory `attention` stages its pieces in for a launch of up to 64 tokens
-/// (attention.cuh: per warp and stage 16 K and 16 V rows of head_dim plus 8 f16 of
-/// padding), as many stages as fit `limit`, up to 3; 0 where none fits or head_dim is not a
-/// multiple of 16 (the pieces are then read from the cache: the same results, slower).
-/// `None` for longer launches.
-fn attention_stage_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
-    let (n_tokens, head_dim) = (u32_arg(args, 5)?, u32_arg(args, 8)?);
-    if n_tokens > ATTENTION_PER_ROW_MAX_TOKENS {
-        return None;
-    }
-    if head_dim % 16 != 0 {
-        return Some(0); // the kernel stages whole 16-dimension steps only
-    }
-    let row_bytes = (head_dim + 8).checked_mul(2)?;
-    let per_stage = row_bytes.checked_mul(2 * 16 * ATTENTION_WARPS)?;
-    Some((limit / per_stage).min(ATTENTION_STAGES) * per_stage)
-}
-
-/// Dynamic shared memory `attention_q8` stages its pieces in (attention.cuh, AttQ8: per warp
-/// and stage 16 K and 16 V rows of the head's q8_0 blocks, 17 u16 per 32 values, rounded up
-/// to 4 u16 plus 4 of padding), as for `attention`; 0 where the blocks of a head are an odd
-/// number of u16 (head_dim not a multiple of 64: the kernel then reads the cache). Every
-/// launch: the int8 cache has no prefill kernel, and its rows must not depend on the batch.
-fn attention_q8_stage_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
-    let head_dim = u32_arg(args, 8)?;
-    let slice = head_dim / 32 * 17;
-    if head_dim % 32 != 0 || slice % 2 != 0 {
-        return Some(0);
-    }
-    let row_bytes = (slice.div_ceil(4) * 4 + 4) * 2;
-    let per_stage = row_bytes.checked_mul(2 * 16 * ATTENTION_WARPS)?;
-    Some((limit / per_stage).min(ATTENTION_STAGES) * per_stage)
-}
-
-/// attention.cuh's units: (token, K/V head, group of up to 8 of its query heads).
-fn attention_units(args: &[KernelArg], _block_threads: u32) -> Option<u32> {
-    let (n_tokens, n_head, n_kv_head) = (u32_arg(args, 5)?, u32_arg(args, 6)?, u32_arg(args, 7)?);
-    let groups = n_head
-        .checked_div(n_kv_head)?
-        .div_ceil(ATTENTION_UNIT_HEADS);
-    n_tokens
-        .checked_mul(n_kv_head)?
-        .checked_mul(groups)
-        .map(|u| u.max(1))
-}
-
 /// Launches of more than this many tokens run mmq.cuh's kernels (float accumulation over
 /// K, within rounding of the one-row kernels); up to it, whose rows must not depend on the
 /// batch (decode, verify windows, short reads), the bit-exact ones.
@@ -238,10 +174,10 @@ pub(crate) const VARIANTS: &[Variant] = &[
         large_smem: true,
         // Units of 128 rows x 64 tokens (mmq.cuh), where ops.rs gives a block per 16 rows
         // and 8 tokens.
-        grid: Some(GridUse::Cap(|a, _| {
+        grid: Some(|a, _| {
             let (m, n) = (u32_arg(a, 4)?, u32_arg(a, 6)?);
             m.div_ceil(128).checked_mul(n.div_ceil(64))
-        })),
+        }),
     },
     Variant {
         of: KernelId::MulMat,
@@ -295,23 +231,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "attention_prefill",
         applies: attention_prefill_smem,
         large_smem: true,
-        grid: Some(GridUse::Cap(attention_prefill_grid)),
-    },
-    // The same kernel for launches of up to 64 tokens (decode steps, verify windows, short
-    // reads): a cluster per unit and shared memory to stage the pieces it streams.
-    Variant {
-        of: KernelId::Attention,
-        func: "attention",
-        applies: attention_stage_smem,
-        large_smem: true,
-        grid: Some(GridUse::Clusters(attention_units)),
-    },
-    Variant {
-        of: KernelId::AttentionQ8,
-        func: "attention_q8",
-        applies: attention_q8_stage_smem,
-        large_smem: true,
-        grid: Some(GridUse::Clusters(attention_units)),
+        grid: Some(attention_prefill_grid),
     },
 ];
 
@@ -355,107 +275,34 @@ mod tests {
         assert!((mma.applies)(&f16, 232_448).is_none());
     }
 
-    /// attention's arguments (q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim,
-    /// n_ctx, scale).
-    fn attention(n_tokens: u32, n_head: u32, n_kv_head: u32, head_dim: u32) -> [KernelArg; 11] {
+    #[test]
+    fn attention_prefill_applies_to_long_launches_it_can_take() {
         let buf = KernelArg::Buffer {
             buf: RawBuffer(0x1000),
             offset: 0,
             access: Access::Read,
         };
-        [
-            buf,
-            buf,
-            buf,
-            buf,
-            buf,
-            KernelArg::U32(n_tokens),
-            KernelArg::U32(n_head),
-            KernelArg::U32(n_kv_head),
-            KernelArg::U32(head_dim),
-            KernelArg::U32(4096),
-            KernelArg::F32(0.1),
-        ]
-    }
-
-    #[test]
-    fn attention_takes_a_cluster_per_unit_up_to_64_tokens() {
-        let v = VARIANTS
-            .iter()
-            .find(|v| v.of == KernelId::Attention && v.func == "attention")
-            .unwrap();
-        let Some(GridUse::Clusters(units)) = v.grid else {
-            panic!("attention's variant runs a cluster per unit");
+        let attention = |n_tokens, n_head, n_kv_head, head_dim| {
+            [
+                buf,
+                buf,
+                buf,
+                buf,
+                buf,
+                KernelArg::U32(n_tokens),
+                KernelArg::U32(n_head),
+                KernelArg::U32(n_kv_head),
+                KernelArg::U32(head_dim),
+                KernelArg::U32(4096),
+                KernelArg::F32(0.1),
+            ]
         };
-        // Units: (token, K/V head, 8 of its query heads).
-        assert_eq!(units(&attention(1, 32, 4, 128), 256), Some(4));
-        assert_eq!(units(&attention(64, 32, 4, 128), 256), Some(256));
-        assert_eq!(units(&attention(3, 9, 3, 64), 256), Some(9));
-        assert_eq!(units(&attention(2, 36, 2, 64), 256), Some(12));
-        assert_eq!(units(&attention(1, 8, 0, 64), 256), None);
-        // Three stages of 8 warps x 32 rows of 136 f16 at head_dim 128 when they fit,
-        // fewer when not, none at all (pieces read from the cache) below one.
-        assert_eq!(
-            (v.applies)(&attention(1, 32, 4, 128), 232_448 - 16_704),
-            Some(208_896)
-        );
-        assert_eq!(
-            (v.applies)(&attention(64, 32, 4, 128), 150_000),
-            Some(139_264)
-        );
-        assert_eq!((v.applies)(&attention(1, 9, 3, 6), 232_448), Some(0));
-        assert_eq!((v.applies)(&attention(1, 8, 2, 64), 232_448), Some(110_592));
-        assert_eq!(
-            (v.applies)(&attention(1, 4, 4, 256), 232_448),
-            Some(135_168)
-        );
-        assert_eq!((v.applies)(&attention(1, 32, 4, 128), 60_000), Some(0));
-        assert!((v.applies)(&attention(65, 32, 4, 128), 232_448).is_none());
-        // Longer launches go to attention_prefill, which comes first.
-        let first = |n| {
-            VARIANTS
-                .iter()
-                .find(|v| {
-                    v.of == KernelId::Attention
-                        && (v.applies)(&attention(n, 32, 4, 128), 232_448).is_some()
-                })
-                .map(|v| v.func)
-        };
-        assert_eq!(first(64), Some("attention"));
-        assert_eq!(first(65), Some("attention_prefill"));
-    }
-
-    #[test]
-    fn attention_q8_takes_a_cluster_per_unit() {
-        let v = VARIANTS
-            .iter()
-            .find(|v| v.of == KernelId::AttentionQ8)
-            .unwrap();
-        assert!(matches!(v.grid, Some(GridUse::Clusters(_))));
-        // head_dim 128: 68 u16 a head, staged rows of 72; three stages of 8 warps x 32 rows.
-        assert_eq!(
-            (v.applies)(&attention(1, 32, 4, 128), 232_448),
-            Some(110_592)
-        );
-        assert_eq!(
-            (v.applies)(&attention(512, 32, 4, 128), 50_000),
-            Some(36_864)
-        );
-        // head_dim 64: 34 u16, rows of 40; head_dim 96 (51 u16) is read from the cache.
-        assert_eq!((v.applies)(&attention(1, 8, 2, 64), 232_448), Some(61_440));
-        assert_eq!((v.applies)(&attention(1, 8, 2, 96), 232_448), Some(0));
-    }
-
-    #[test]
-    fn attention_prefill_applies_to_long_launches_it_can_take() {
         let v = VARIANTS
             .iter()
             .find(|v| v.func == "attention_prefill")
             .unwrap();
         // Its grid: 16 tokens x 8 query heads a 256-thread tile, per K/V head.
-        let Some(GridUse::Cap(grid)) = v.grid else {
-            panic!("attention_prefill's grid caps the launch's");
-        };
+        let grid = v.grid.unwrap();
         assert_eq!(grid(&attention(4096, 32, 4, 128), 256), Some(1024));
         assert_eq!(grid(&attention(65, 32, 4, 128), 256), Some(20));
         assert_eq!(grid(&attention(100, 8, 2, 64), 128), Some(14));

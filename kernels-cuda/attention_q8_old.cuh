@@ -1,0 +1,450 @@
+// Causal GQA attention over the K/V cache, split along the keys (flash-decoding), included
+// by model.cu for `attention` (f16 cache) and `attention_q8` (q8_0 cache).
+//
+// A unit is one (token, K/V head, group of up to ATO_HEADS query heads sharing that K/V
+// head): each cache row is read once per unit, not once per query head. The unit's span
+// (rows 0..=pos) is cut into chunks of ATO_CHUNK rows at fixed positions; a cluster of
+// ATO_CLUSTER blocks (sm_90's thread-block clusters, 16: the backend allows that
+// non-portable size) takes the unit, block r taking chunks
+// r, r + ATO_CLUSTER, ..., and the blocks exchange their partial results through
+// distributed shared memory, always in rank order. A span of one chunk is done by block 0
+// alone (a merge of one partial result is that result, bit for bit). Which block does what
+// depends only on the position, never on the grid, so a row's result is the same in a
+// one-token decode step, a verify window or a prefill batch (the block size sets P·V's row
+// subsets below: another block size sums in another order).
+//
+// The softmax is the CPU's (ggml's, without flash attention), in three phases: the scores
+// and their maximum (merged over the cluster), the exponentials (ggml's for the f16 cache)
+// and their sum in f64 (merged), then P·V with each probability rounded to f16 as ggml's
+// f16 product does (the f16 cache only; the q8_0 cache's CPU path keeps f32). A block keeps
+// the scores of its first ATO_STORED_CHUNKS chunks in shared memory and recomputes later
+// ones. Inside a block: a row's score is four threads' partial dot products (a quarter of
+// the dimensions each, every head of the unit from one load of the row) added by shuffles;
+// P·V gives each thread a pair of dimensions and every S-th row of a chunk, its sums for
+// every head kept in registers and added over the S row subsets at the end, so each thread
+// has several independent loads in flight instead of a chain. Results match the CPU's to
+// the dot products' summation order (model_ops' attention test). Without clusters (older
+// GPUs, the host emulator) one block takes every chunk.
+#pragma once
+
+#include "common.cuh"
+
+#define ATO_CHUNK 64        // cache rows per chunk
+#define ATO_STORED_CHUNKS 16  // chunks a block keeps the scores of
+#define ATO_PV_ROWS 16      // V rows a thread loads at once
+#define ATO_HEADS 8u        // query heads per unit
+#define ATO_MAX_THREADS 256  // the block size the shared arrays are sized for
+#define ATO_MAX_HEAD_DIM 256
+#define ATO_Q_STRIDE (ATO_MAX_HEAD_DIM + 4)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define ATO_CLUSTER 16
+#define ATO_CLUSTER_DIMS __cluster_dims__(ATO_CLUSTER, 1, 1)
+__device__ __forceinline__ uint32_t ato_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t ato_cluster_id() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t ato_clusters() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+    return r;
+}
+// Every thread of every block of the cluster; makes shared-memory writes before it
+// visible to the cluster's reads after it.
+__device__ __forceinline__ void ato_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                 ::: "memory");
+}
+// `local` (an address in this block's shared memory) read from block `rank`'s copy.
+__device__ __forceinline__ float ato_cluster_load(const float* local, uint32_t rank) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(local);
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+}
+__device__ __forceinline__ double ato_cluster_load_f64(const double* local, uint32_t rank) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(local);
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+    double v;
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(remote) : "memory");
+    return v;
+}
+#else
+#define ATO_CLUSTER 1
+#define ATO_CLUSTER_DIMS
+__device__ __forceinline__ uint32_t ato_cluster_rank() { return 0; }
+__device__ __forceinline__ uint32_t ato_cluster_id() { return blockIdx.x; }
+__device__ __forceinline__ uint32_t ato_clusters() { return gridDim.x; }
+__device__ __forceinline__ void ato_cluster_sync() { __syncthreads(); }
+__device__ __forceinline__ float ato_cluster_load(const float* local, uint32_t) { return *local; }
+__device__ __forceinline__ double ato_cluster_load_f64(const double* local, uint32_t) { return *local; }
+#endif
+
+// Asks L2 for the 128-byte lines holding [p, p + bytes), from one thread (no result, no
+// wait): a block's later chunks then load from L2 instead of waiting on memory in turn.
+__device__ __forceinline__ void ato_prefetch(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__)
+    const uint64_t a1 = (uint64_t)p + bytes;
+    for (uint64_t a = (uint64_t)p & ~(uint64_t)127; a < a1; a += 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+// Where dimension d of head h of the unit's queries sits in shared memory: each quarter of
+// the dimensions shifted by one bank, so the four threads of a row read different banks.
+__device__ __forceinline__ uint32_t ato_q_at(uint32_t h, uint32_t d, uint32_t head_dim) {
+    return h * ATO_Q_STRIDE + d + d * 4 / head_dim;
+}
+
+// The f16 cache: the query rounded to f16 (ggml converts it for an f16 K cache).
+struct AtoKvF16 {
+    const uint16_t* k;
+    const uint16_t* v;
+    uint64_t row;          // u16 per cache row (all K/V heads)
+    uint64_t head_stride;  // u16 per K/V head in a row
+    uint64_t head_at;      // u16 offset of the unit's K/V head in a row
+    uint32_t head_dim;
+    static constexpr bool rounds_query = true;
+    // ggml's exponentials and f16 probabilities, as its f16 soft_max · V computes them.
+    __device__ __forceinline__ static float exp(float x, uint64_t j, uint64_t span) {
+        return ggml_softmax_exp(x, j, span);
+    }
+    __device__ __forceinline__ static float probability(float p) { return round_to_f16(p); }
+
+    // part[h] += Σ over quarter `qt`'s dimensions of q_h · k_j, for the unit's nh heads.
+    __device__ __forceinline__ void score_part(const float* qs, uint64_t j, uint32_t qt,
+                                               uint32_t nh, float (&part)[ATO_HEADS]) const {
+        const uint16_t* kr = k + j * row + head_at;
+        if (head_dim % 32 == 0) {
+            const uint32_t n = head_dim / 4, d0 = qt * n;
+            // Up to 32 dimensions' loads in flight at once.
+            for (uint32_t x0 = 0; x0 < n; x0 += 32) {
+                uint4 w[4];
+#pragma unroll
+                for (uint32_t x = 0; x < 4; x++)
+                    if (x0 + 8 * x < n) w[x] = *(const uint4*)(kr + d0 + x0 + 8 * x);
+#pragma unroll
+                for (uint32_t x = 0; x < 4; x++) {
+                    if (x0 + 8 * x >= n) break;
+                    const uint32_t hw[4] = {w[x].x, w[x].y, w[x].z, w[x].w};
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const uint32_t at = d0 + x0 + 8 * x + i + qt;  // ato_q_at(0, d)
+                        const float kv = f16_to_f32((uint16_t)(hw[i / 2] >> (16 * (i & 1))));
+#pragma unroll
+                        for (uint32_t h = 0; h < ATO_HEADS; h++)
+                            if (h < nh) part[h] = fmaf(qs[h * ATO_Q_STRIDE + at], kv, part[h]);
+                    }
+                }
+            }
+        } else {
+            for (uint32_t d = qt; d < head_dim; d += 4) {
+                const float kv = f16_to_f32(kr[d]);
+                const uint32_t at = ato_q_at(0, d, head_dim);
+#pragma unroll
+                for (uint32_t h = 0; h < ATO_HEADS; h++)
+                    if (h < nh) part[h] = fmaf(qs[h * ATO_Q_STRIDE + at], kv, part[h]);
+            }
+        }
+    }
+    // Row j's K and V of the unit's head into L2.
+    __device__ __forceinline__ void prefetch(uint64_t j) const {
+        ato_prefetch(k + j * row + head_at, 2 * head_dim);
+        ato_prefetch(v + j * row + head_at, 2 * head_dim);
+    }
+    // Dimensions 2p and 2p + 1 of row j's V.
+    __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
+        const uint32_t v2 = *(const uint32_t*)(v + j * row + head_at + 2 * p);
+        a = f16_to_f32((uint16_t)(v2 & 0xffffu));
+        b = f16_to_f32((uint16_t)(v2 >> 16));
+    }
+};
+
+// The q8_0 cache (kv_q8.cuh's layout: per 32 values an f16 scale d and 32 int8, 17 u16):
+// q · k = Σ over 16-value halves of a block of d · Σ_i q_i · q8_i, the query not rounded.
+// head_dim % 32 == 0, so a quarter is whole halves.
+struct AtoKvQ8 {
+    const uint16_t* k;
+    const uint16_t* v;
+    uint64_t row;
+    uint64_t head_stride;
+    uint64_t head_at;
+    uint32_t head_dim;
+    static constexpr bool rounds_query = false;
+    __device__ __forceinline__ static float exp(float x, uint64_t, uint64_t) { return expf(x); }
+    __device__ __forceinline__ static float probability(float p) { return p; }
+
+    __device__ __forceinline__ void score_part(const float* qs, uint64_t j, uint32_t qt,
+                                               uint32_t nh, float (&part)[ATO_HEADS]) const {
+        const uint16_t* kr = k + j * row + head_at;
+        const uint32_t n = head_dim / 4, d0 = qt * n;
+        for (uint32_t d = d0; d < d0 + n; d += 16) {
+            const uint16_t* blk = kr + (d / 32) * 17;
+            uint16_t two[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) two[i] = blk[1 + (d % 32) / 2 + i];
+            const float ds = f16_to_f32(blk[0]);
+            float seg[ATO_HEADS];
+#pragma unroll
+            for (uint32_t h = 0; h < ATO_HEADS; h++) seg[h] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const float kq = (float)(int8_t)(two[i / 2] >> (8 * (i & 1)));
+#pragma unroll
+                for (uint32_t h = 0; h < ATO_HEADS; h++)
+                    if (h < nh) seg[h] = fmaf(qs[h * ATO_Q_STRIDE + d + i + qt], kq, seg[h]);
+            }
+#pragma unroll
+            for (uint32_t h = 0; h < ATO_HEADS; h++)
+                if (h < nh) part[h] = fmaf(ds, seg[h], part[h]);
+        }
+    }
+    __device__ __forceinline__ void prefetch(uint64_t j) const {
+        ato_prefetch(k + j * row + head_at, 2 * (uint32_t)head_stride);
+        ato_prefetch(v + j * row + head_at, 2 * (uint32_t)head_stride);
+    }
+    __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
+        const uint16_t* blk = v + j * row + head_at + (2 * p / 32) * 17;
+        const float d = f16_to_f32(blk[0]);
+        const uint16_t two = blk[1 + (2 * p % 32) / 2];
+        a = __fmul_rn(d, (float)(int8_t)(two & 0xff));
+        b = __fmul_rn(d, (float)(int8_t)(two >> 8));
+    }
+};
+
+
+// Phase 1's and the recomputing phases' scores of chunk c (rows row0 .. row0 + rows) into
+// `dst` ([head][ATO_CHUNK]): four threads per row (consecutive lanes), whole warps per
+// pass, every head of the unit from one load of the row.
+template <class Kv>
+__device__ __forceinline__ void ato_scores(const Kv& kv, const float* qs, uint64_t row0,
+                                           uint32_t rows, uint32_t nh, float scale, float* dst) {
+    const uint32_t tid = threadIdx.x, T = blockDim.x;
+    for (uint32_t r = tid / 4; r < ATO_CHUNK; r += T / 4) {
+        float part[ATO_HEADS];
+#pragma unroll
+        for (uint32_t h = 0; h < ATO_HEADS; h++) part[h] = 0.0f;
+        if (r < rows) kv.score_part(qs, row0 + r, tid & 3, nh, part);
+#pragma unroll
+        for (uint32_t h = 0; h < ATO_HEADS; h++) {
+            part[h] = __fadd_rn(part[h], __shfl_xor_sync(FULL_MASK, part[h], 1));
+            part[h] = __fadd_rn(part[h], __shfl_xor_sync(FULL_MASK, part[h], 2));
+        }
+        if ((tid & 3) == 0 && r < rows)
+#pragma unroll
+            for (uint32_t h = 0; h < ATO_HEADS; h++)
+                if (h < nh) dst[h * ATO_CHUNK + r] = __fmul_rn(part[h], scale);
+    }
+}
+
+// The kernel body over the cache view `cache` (head_at is set per unit). Blocks of whole
+// warps, at least head_dim / 2 threads, at most ATO_MAX_THREADS.
+template <class Kv>
+__device__ __forceinline__ void attention_q8_old(const float* q, const int32_t* pos, float* out,
+                                                uint32_t n_tokens, uint32_t n_head,
+                                                uint32_t n_kv_head, uint32_t head_dim,
+                                                uint32_t n_ctx, float scale, Kv cache) {
+    __shared__ float qs[ATO_HEADS * ATO_Q_STRIDE];
+    // Scores, then exponentials, then probabilities of the block's first chunks
+    // ([chunk][head][row]); a later chunk's in `scratch`. Once P·V is done the same memory
+    // holds its row subsets' sums ([subset][head][dim]), subset 0's place then the block's
+    // partial output.
+    __shared__ float stored[ATO_STORED_CHUNKS * ATO_HEADS * ATO_CHUNK];
+    __shared__ float scratch[ATO_HEADS * ATO_CHUNK];
+    float* const subset_acc = stored;
+    static_assert(2 * ATO_HEADS * ATO_MAX_THREADS <= ATO_STORED_CHUNKS * ATO_HEADS * ATO_CHUNK,
+                  "the subset sums fit the stored scores");
+    __shared__ float part_max[ATO_HEADS], head_max[ATO_HEADS], inv_sum[ATO_HEADS];
+    __shared__ double part_sum[ATO_HEADS];
+    const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
+    const uint32_t T = blockDim.x, pairs = head_dim / 2;
+    if ((T & 31) != 0 || T > ATO_MAX_THREADS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
+        head_dim == 0 || head_dim > ATO_MAX_HEAD_DIM || (head_dim & 1) || pairs > T ||
+        (!Kv::rounds_query && head_dim % 32 != 0))
+        return fill_nan(out, total);
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = T >> 5;
+    const uint32_t rank = ato_cluster_rank();
+    const uint32_t group = n_head / n_kv_head, head_groups = (group + ATO_HEADS - 1) / ATO_HEADS;
+    // P·V: thread (subset s, pair p) takes rows s, s + S, ... of each chunk.
+    const uint32_t pair = tid % pairs, subset = tid / pairs, subsets = T / pairs;
+    const uint64_t units = (uint64_t)n_tokens * n_kv_head * head_groups;
+    for (uint64_t un = ato_cluster_id(); un < units; un += ato_clusters()) {
+        const uint64_t t = un / ((uint64_t)n_kv_head * head_groups);
+        const uint32_t rest = (uint32_t)(un % ((uint64_t)n_kv_head * head_groups));
+        const uint32_t kvh = rest / head_groups, hg = rest % head_groups;
+        const uint32_t h0 = kvh * group + hg * ATO_HEADS, nh = min(ATO_HEADS, group - hg * ATO_HEADS);
+        Kv kv = cache;
+        kv.head_at = (uint64_t)kvh * cache.head_stride;
+        const int32_t p = pos[t];
+        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
+        const uint64_t chunks = (span + ATO_CHUNK - 1) / ATO_CHUNK;
+        const bool alone = chunks <= 1;  // the same for every block of the cluster
+        float* o = out + (t * n_head + h0) * head_dim;
+        if (alone && rank != 0) continue;
+        const float* qg = q + (t * n_head + h0) * head_dim;
+        for (uint32_t i = tid; i < nh * head_dim; i += T) {
+            const uint32_t h = i / head_dim, d = i % head_dim;
+            qs[ato_q_at(h, d, head_dim)] = Kv::rounds_query ? round_to_f16(qg[i]) : qg[i];
+        }
+        if (tid < ATO_HEADS) {
+            part_max[tid] = -F32_INF;
+            part_sum[tid] = 0.0;
+        }
+        __syncthreads();
+        // The scores of the block's k-th chunk: stored, or recomputed into scratch.
+        auto chunk_scores = [&](uint64_t k, bool compute) -> float* {
+            const uint64_t c = rank + k * ATO_CLUSTER, row0 = c * ATO_CHUNK;
+            const uint32_t rows = (uint32_t)min((uint64_t)ATO_CHUNK, span - row0);
+            float* dst = k < ATO_STORED_CHUNKS ? stored + k * ATO_HEADS * ATO_CHUNK : scratch;
+            if (compute) {
+                ato_scores(kv, qs, row0, rows, nh, scale, dst);
+                __syncthreads();
+            }
+            return dst;
+        };
+        const uint64_t mine = chunks > rank ? (chunks - rank + ATO_CLUSTER - 1) / ATO_CLUSTER : 0;
+        // Every row of the block's later chunks into L2 now (the first chunk is loaded at
+        // once anyway), so their loads overlap this chunk's work.
+        for (uint64_t i = ATO_CHUNK + tid; i < mine * ATO_CHUNK; i += T) {
+            const uint64_t j = (rank + (i / ATO_CHUNK) * ATO_CLUSTER) * ATO_CHUNK + i % ATO_CHUNK;
+            if (j < span) kv.prefetch(j);
+        }
+
+        // 1. Scores and their maximum per head (a warp per head).
+        for (uint64_t k = 0; k < mine; k++) {
+            const float* s = chunk_scores(k, true);
+            const uint32_t rows = (uint32_t)min((uint64_t)ATO_CHUNK, span - (rank + k * ATO_CLUSTER) * ATO_CHUNK);
+            for (uint32_t h = warp; h < nh; h += nwarps) {
+                float m = -F32_INF;
+                for (uint32_t r = lane; r < rows; r += 32) m = fmaxf(m, s[h * ATO_CHUNK + r]);
+                m = warp_max(m);
+                if (lane == 0) part_max[h] = fmaxf(part_max[h], m);
+            }
+            __syncthreads();
+        }
+        if (!alone) ato_cluster_sync();
+        if (tid < nh) {
+            float m = -F32_INF;
+            for (uint32_t b = 0; b < (alone ? 1u : ATO_CLUSTER); b++)
+                m = fmaxf(m, ato_cluster_load(part_max + tid, b));
+            head_max[tid] = m;
+        }
+        __syncthreads();
+
+        // 2. Exponentials (in place of the scores) and their sum in f64.
+        for (uint64_t k = 0; k < mine; k++) {
+            float* s = chunk_scores(k, k >= ATO_STORED_CHUNKS);
+            const uint64_t row0 = (rank + k * ATO_CLUSTER) * ATO_CHUNK;
+            const uint32_t rows = (uint32_t)min((uint64_t)ATO_CHUNK, span - row0);
+            for (uint32_t h = warp; h < nh; h += nwarps) {
+                double sum = 0.0;
+                for (uint32_t r = lane; r < rows; r += 32) {
+                    const float e = Kv::exp(__fsub_rn(s[h * ATO_CHUNK + r], head_max[h]), row0 + r, span);
+                    s[h * ATO_CHUNK + r] = e;
+                    sum += (double)e;
+                }
+                sum = warp_sum_f64(sum);
+                if (lane == 0) part_sum[h] += sum;
+            }
+            __syncthreads();
+        }
+        if (!alone) ato_cluster_sync();
+        if (tid < nh) {
+            double sum = 0.0;
+            for (uint32_t b = 0; b < (alone ? 1u : ATO_CLUSTER); b++)
+                sum += ato_cluster_load_f64(part_sum + tid, b);
+            inv_sum[tid] = (float)(1.0 / sum);
+        }
+        __syncthreads();
+
+        // 3. P·V with the normalised probabilities, rows in subsets.
+        float acc[ATO_HEADS][2];
+#pragma unroll
+        for (uint32_t h = 0; h < ATO_HEADS; h++) acc[h][0] = acc[h][1] = 0.0f;
+        for (uint64_t k = 0; k < mine; k++) {
+            const bool again = k >= ATO_STORED_CHUNKS;
+            float* s = chunk_scores(k, again);
+            const uint64_t row0 = (rank + k * ATO_CLUSTER) * ATO_CHUNK;
+            const uint32_t rows = (uint32_t)min((uint64_t)ATO_CHUNK, span - row0);
+            // Probabilities in place: from the stored exponentials, or from recomputed scores.
+            for (uint32_t i = tid; i < nh * ATO_CHUNK; i += T) {
+                const uint32_t h = i / ATO_CHUNK, r = i % ATO_CHUNK;
+                if (r >= rows) continue;
+                const float e = again ? Kv::exp(__fsub_rn(s[i], head_max[h]), row0 + r, span) : s[i];
+                s[i] = Kv::probability(__fmul_rn(e, inv_sum[h]));
+            }
+            __syncthreads();
+            if (subset < subsets) {
+                // ATO_PV_ROWS of this thread's rows loaded together, then summed in order.
+                for (uint32_t r0 = subset; r0 < rows; r0 += ATO_PV_ROWS * subsets) {
+                    float va[ATO_PV_ROWS], vb[ATO_PV_ROWS];
+#pragma unroll
+                    for (uint32_t i = 0; i < ATO_PV_ROWS; i++) {
+                        const uint32_t r = r0 + i * subsets;
+                        if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
+                    }
+#pragma unroll
+                    for (uint32_t i = 0; i < ATO_PV_ROWS; i++) {
+                        const uint32_t r = r0 + i * subsets;
+                        if (r >= rows) break;
+#pragma unroll
+                        for (uint32_t h = 0; h < ATO_HEADS; h++) {
+                            if (h < nh) {
+                                const float pr = s[h * ATO_CHUNK + r];
+                                acc[h][0] = fmaf(pr, va[i], acc[h][0]);
+                                acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
+                            }
+                        }
+                    }
+                }
+            }
+            __syncthreads();  // scratch is rewritten by the next chunk
+        }
+        // The block's partial output: the row subsets' sums added in subset order, into
+        // subset 0's place (each element read and written by one thread).
+        if (subset < subsets)
+#pragma unroll
+            for (uint32_t h = 0; h < ATO_HEADS; h++)
+                if (h < nh) {
+                    subset_acc[(subset * ATO_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
+                    subset_acc[(subset * ATO_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
+                }
+        __syncthreads();
+        for (uint32_t i = tid; i < nh * head_dim; i += T) {
+            float v = 0.0f;
+            for (uint32_t sb = 0; sb < subsets; sb++)
+                v = __fadd_rn(v, subset_acc[sb * ATO_HEADS * head_dim + i]);
+            if (alone)
+                o[i] = v;
+            else
+                subset_acc[i] = v;
+        }
+        if (alone) {
+            __syncthreads();  // the next unit rewrites the shared arrays
+            continue;
+        }
+        // The cluster's sum of the blocks' outputs, in rank order; block r writes every
+        // ATO_CLUSTER-th slice.
+        ato_cluster_sync();
+        for (uint32_t i = rank * T + tid; i < nh * head_dim; i += ATO_CLUSTER * T) {
+            float v = 0.0f;
+#pragma unroll
+            for (uint32_t b = 0; b < ATO_CLUSTER; b++)
+                v = __fadd_rn(v, ato_cluster_load(subset_acc + i, b));
+            o[i] = v;
+        }
+        ato_cluster_sync();  // the cluster is done reading this unit's shared arrays
+    }
+}
