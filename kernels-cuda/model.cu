@@ -303,8 +303,8 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);
-    for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes,
-                       mv_unit_rows(type, k), u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
+    for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, mv_rows_per_unit(),
+                       u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
 }
 
 // ---- mul_mat and mul_mat_experts on tensor cores (mma.cuh) -----------------------------------
@@ -558,17 +558,15 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
 
 // Causal GQA over the f16 cache: token t attends to cache rows 0..=pos[t]; head h reads
 // K/V head h / (n_head / n_kv_head). Split along the keys, a cluster of blocks per (token,
-// K/V head), each warp streaming its pieces once with an online softmax: attention.cuh.
-// Dynamic shared memory, when the launch gives it, stages the pieces (the backend's
-// variant of `attention` for launches of up to 64 tokens gives it, and one cluster a unit).
+// K/V head): attention.cuh.
 extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
               const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
               uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
     pdl_begin();
-    ATT_SHARED(sh, stages, stage_bytes);
-    attention_run<ATT_CLUSTER>(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head,
-                               head_dim, n_ctx, scale, sh, stages, stage_bytes);
+    const uint64_t head = head_dim;
+    const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }
 
 // The same attention for launches of many tokens (prefill), on tensor cores: the backend's
@@ -596,12 +594,12 @@ extern "C" __global__ void kv_store_q8(const float* k, const float* v, const int
     kv_store_q8_body(k, v, pos, k_cache, v_cache, kv_dim, n_tokens, n_ctx);
 }
 
-extern "C" __global__ void ATO_CLUSTER_DIMS __launch_bounds__(ATO_MAX_THREADS)
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
                  const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
                  uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
     pdl_begin();
     const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
-    const AtoKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
-    attention_q8_old(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
+    const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_split(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }

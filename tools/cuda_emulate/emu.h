@@ -49,17 +49,9 @@ struct Barrier {
         }
     }
 };
-// Blocks run one at a time, except the blocks of one thread-block cluster
-// (launch_clusters), which run together: each keeps its barriers, shuffle slots and
-// `__syncthreads_or` flag under its rank in the cluster (emu_slot).
-#define EMU_SLOTS 16
-static thread_local unsigned emu_slot = 0;
-static Barrier emu_block_bar[EMU_SLOTS];
-static Barrier emu_warp_bar[EMU_SLOTS][32];
-static uint64_t emu_warp_slot[EMU_SLOTS][32][32];
-#define block_bar emu_block_bar[emu_slot]
-#define warp_bar emu_warp_bar[emu_slot]
-#define warp_slot emu_warp_slot[emu_slot]
+static Barrier block_bar;
+static Barrier warp_bar[32];
+static uint64_t warp_slot[32][32];
 
 static inline void __syncthreads() { block_bar.wait("__syncthreads"); }
 static inline void __syncwarp() { warp_bar[threadIdx.x >> 5].wait("__syncwarp"); }
@@ -97,8 +89,7 @@ static inline unsigned __ballot_sync(unsigned, bool p) {
     warp_bar[w].wait("ballot2");
     return r;
 }
-static std::atomic<int> emu_block_or_acc[EMU_SLOTS];
-#define block_or_acc emu_block_or_acc[emu_slot]
+static std::atomic<int> block_or_acc{0};
 static inline int __syncthreads_or(int p) {
     if (p) block_or_acc.fetch_or(1);
     block_bar.wait("__syncthreads_or");
@@ -148,9 +139,6 @@ static inline unsigned int __brev(unsigned int x) {
 // Dynamic shared memory (mma.cuh's MMA_SMEM): one buffer, its size set per launch by the test.
 alignas(16) static uint8_t emu_dynamic_smem[232448];
 static uint32_t emu_dynamic_smem_bytes = 0;
-// The dynamic shared memory of each block of an emulated cluster (attention.cuh), the
-// same size.
-alignas(16) static uint8_t emu_cluster_smem[EMU_SLOTS][232448];
 using std::max;
 using std::min;
 
@@ -166,34 +154,5 @@ static void launch(unsigned grid, unsigned block, F kernel) {
             ts.emplace_back([=] { threadIdx.x = t; blockIdx.x = b; kernel(); });
         for (auto& t : ts) t.join();
     }
-}
-// The grid in clusters of `cluster` blocks (at most EMU_SLOTS), the blocks of a cluster
-// together: emu_cluster_sync() is the cluster's barrier (every thread of its blocks).
-static unsigned emu_cluster = 1;
-static Barrier emu_cluster_bar;
-static inline unsigned emu_cluster_rank() { return emu_slot; }
-static inline void emu_cluster_sync() { emu_cluster_bar.wait("cluster barrier"); }
-template <class F>
-static void launch_clusters(unsigned grid, unsigned block, unsigned cluster, F kernel) {
-    if (cluster == 0 || cluster > EMU_SLOTS || grid % cluster != 0) {
-        fprintf(stderr, "launch_clusters: bad cluster %u for grid %u\n", cluster, grid);
-        std::_Exit(8);
-    }
-    gridDim.x = grid;
-    blockDim.x = block;
-    emu_cluster = cluster;
-    for (unsigned c0 = 0; c0 < grid; c0 += cluster) {
-        emu_cluster_bar.init(cluster * block);
-        for (unsigned r = 0; r < cluster; r++) {
-            emu_block_bar[r].init(block);
-            for (unsigned w = 0; w < (block + 31) / 32; w++) emu_warp_bar[r][w].init(std::min(32u, block - 32 * w));
-        }
-        std::vector<std::thread> ts;
-        for (unsigned r = 0; r < cluster; r++)
-            for (unsigned t = 0; t < block; t++)
-                ts.emplace_back([=] { emu_slot = r; threadIdx.x = t; blockIdx.x = c0 + r; kernel(); });
-        for (auto& t : ts) t.join();
-    }
-    emu_cluster = 1;
 }
 static unsigned ops_grid(uint64_t items) { return (unsigned)std::max<uint64_t>(1, (items + 255) / 256); }

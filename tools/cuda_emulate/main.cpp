@@ -328,39 +328,8 @@ static void test_rope() {
     }
 }
 
-static bool same(const std::vector<float>& a, const std::vector<float>& b);
-// The worst difference of `out` (rows of tokens at positions pos0.., n_head heads) from the
-// f64 softmax over the cache with the query rounded to f16 (ggml's, and the kernel's).
-static double attention_worst(const std::vector<float>& q, const std::vector<uint16_t>& kc,
-                              const std::vector<uint16_t>& vc, const std::vector<float>& out,
-                              int nt, int nh, int nkv, int hd, int pos0) {
-    double worst = 0;
-    int g = nh / nkv, kvd = nkv * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int t = 0; t < nt; t++) for (int h = 0; h < nh; h++) {
-        int span = pos0 + t + 1, off = (h / g) * hd;
-        std::vector<double> s(span);
-        double mx = -1e300;
-        for (int j = 0; j < span; j++) { double d = 0; for (int i = 0; i < hd; i++) d += (double)round_to_f16(q[(t * nh + h) * hd + i]) * f16_to_f32(kc[j * kvd + off + i]); s[j] = d * scale; mx = std::max(mx, s[j]); }
-        double sum = 0; for (auto& x : s) { x = exp(x - mx); sum += x; }
-        for (int i = 0; i < hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * f16_to_f32(vc[j * kvd + off + i]); worst = std::max(worst, fabs(out[(t * nh + h) * hd + i] - o)); }
-    }
-    return worst;
-}
-
-// Dynamic shared memory that stages three pieces a warp for 8 warps at head_dim 128 (what
-// the backend's variant gives), or none (every piece read from the cache).
-static const uint32_t ATT_STAGED_BYTES = 3 * 8 * 2 * ATT_PIECE * (128 + ATT_PAD) * 2;
-
-// attention.cuh without clusters (model.cu's `attention` here) and in clusters of 16
-// (attention_run<16> with the emulator's clusters, as sm_90 runs it), against the f64
-// softmax; staged and unstaged pieces give the same bits, and so does a row alone, in a
-// window of up to 64 tokens or on any grid.
 static void test_attention() {
     struct C { int nt, nh, nkv, hd, pos0; } cases[] = {{1, 9, 3, 64, 0}, {1, 8, 2, 128, 700}, {1, 2, 2, 64, 4200}, {20, 8, 2, 64, 0}, {7, 6, 1, 96, 37}, {3, 4, 2, 6, 5}};
-    // The kernel's sums are f32 (tensor-core products, p as two f16 halves): ~1e-7 from the
-    // f64 softmax. One row of a 4200-row span missed or counted twice is ~1e-4.
-    const double tol = 1e-5;
     for (auto c : cases) {
         int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
         std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
@@ -371,59 +340,24 @@ static void test_attention() {
         float scale = 1.0f / sqrtf((float)c.hd);
         std::vector<int32_t> apos(c.nt);
         for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
-        emu_dynamic_smem_bytes = 0;
         launch(ops_grid(c.nt * c.nh), 256, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
-        auto out1 = out, staged = out;
+        auto out1 = out;
         launch(c.nt * c.nh, 128, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), out1.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
-        emu_dynamic_smem_bytes = ATT_STAGED_BYTES;
-        launch(3, 256, [&] { attention(q.data(), apos.data(), kc.data(), vc.data(), staged.data(), c.nt, c.nh, c.nkv, c.hd, ctx, scale); });
-        emu_dynamic_smem_bytes = 0;
-        char what[120]; snprintf(what, sizeof what, "attention t=%d heads %d/%d hd=%d pos0=%d", c.nt, c.nh, c.nkv, c.hd, c.pos0);
-        report(what, attention_worst(q, kc, vc, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
-        double d2 = 0; for (size_t i = 0; i < out.size(); i++) d2 = std::max(d2, (double)fabsf(out[i] - out1[i]));
-        // another block size folds the warps' sums in another order
-        report(std::string(what) + " block 128 vs 256", d2, 1e-6);
-        report(std::string(what) + " staged vs not, 3 blocks", same(out, staged) ? 0 : 1, 0);
-    }
-    // Clusters of 16: spans of more than 16 chunks, partial chunks and pieces, spans of one
-    // chunk (block 0 alone), windows of up to 64 tokens.
-    struct W { int nt, nh, nkv, hd, pos0, block; std::vector<int> alone; } windows[] = {
-        {3, 32, 4, 128, 1500, 256, {0, 2}},      // Qwen3-30B-A3B's heads, 24 chunks
-        {64, 2, 1, 64, 20, 256, {0, 43, 44, 63}}, // spans 21..84: one chunk, then two
-        {64, 4, 1, 64, 1100, 128, {0, 51, 52, 63}}, // spans 1101..1164, chunk 18 starts at 1152
-        {2, 9, 3, 96, 2100, 256, {1}},           // groups of 3, head_dim 96, 33 chunks
-    };
-    for (auto& c : windows) {
-        int kvd = c.nkv * c.hd, ctx = c.pos0 + c.nt;
-        std::vector<float> q(c.nt * c.nh * c.hd), k(ctx * kvd), v(ctx * kvd);
-        for (auto& x : q) x = urand(2); for (auto& x : k) x = urand(2); for (auto& x : v) x = urand(1);
-        std::vector<uint16_t> kc(ctx * kvd), vc(ctx * kvd);
-        for (int i = 0; i < ctx * kvd; i++) { kc[i] = f32_to_f16(k[i]); vc[i] = f32_to_f16(v[i]); }
-        float scale = 1.0f / sqrtf((float)c.hd);
-        std::vector<int32_t> apos(c.nt);
-        for (int t = 0; t < c.nt; t++) apos[t] = c.pos0 + t;
-        const int units = c.nt * c.nkv * ((c.nh / c.nkv + 7) / 8);
-        auto run = [&](int nt, const float* qq, const int32_t* pp, float* oo, int clusters, uint32_t smem) {
-            emu_dynamic_smem_bytes = smem;
-            launch_clusters(16 * clusters, c.block, 16, [&] {
-                ATT_SHARED(sh, stages, stage_bytes);
-                attention_run<16>(qq, pp, kc.data(), vc.data(), oo, nt, c.nh, c.nkv, c.hd, ctx, scale, sh, stages, stage_bytes);
-            });
-            emu_dynamic_smem_bytes = 0;
-        };
-        std::vector<float> out(c.nt * c.nh * c.hd), direct(out.size());
-        run(c.nt, q.data(), apos.data(), out.data(), units, ATT_STAGED_BYTES);
-        run(c.nt, q.data(), apos.data(), direct.data(), std::min(units, 3), 0);
-        char what[120]; snprintf(what, sizeof what, "attention cluster 16 block %d t=%d heads %d/%d hd=%d pos0=%d", c.block, c.nt, c.nh, c.nkv, c.hd, c.pos0);
-        report(what, attention_worst(q, kc, vc, out, c.nt, c.nh, c.nkv, c.hd, c.pos0), tol);
-        report(std::string(what) + " staged vs not, fewer clusters", same(out, direct) ? 0 : 1, 0);
-        int row = c.nh * c.hd;
-        for (int t : c.alone) {
-            std::vector<float> one(row);
-            run(1, q.data() + t * row, apos.data() + t, one.data(), 1, ATT_STAGED_BYTES);
-            bool eq = memcmp(one.data(), out.data() + t * row, row * 4) == 0;
-            report(std::string(what) + " row " + std::to_string(t) + " alone", eq ? 0 : 1, 0);
+        double worst = 0;
+        int g = c.nh / c.nkv;
+        for (int t = 0; t < c.nt; t++) for (int h = 0; h < c.nh; h++) {
+            int span = c.pos0 + t + 1, off = (h / g) * c.hd;
+            std::vector<double> s(span);
+            double mx = -1e300;
+            for (int j = 0; j < span; j++) { double d = 0; for (int i = 0; i < c.hd; i++) d += (double)round_to_f16(q[(t * c.nh + h) * c.hd + i]) * f16_to_f32(kc[j * kvd + off + i]); s[j] = d * scale; mx = std::max(mx, s[j]); }
+            double sum = 0; for (auto& x : s) { x = exp(x - mx); sum += x; }
+            for (int i = 0; i < c.hd; i++) { double o = 0; for (int j = 0; j < span; j++) o += s[j] / sum * f16_to_f32(vc[j * kvd + off + i]); worst = std::max(worst, fabs(out[(t * c.nh + h) * c.hd + i] - o)); }
         }
+        char what[120]; snprintf(what, sizeof what, "attention t=%d heads %d/%d hd=%d pos0=%d", c.nt, c.nh, c.nkv, c.hd, c.pos0);
+        // the kernel rounds each probability to f16 (as ggml's f16 P·V): up to 2^-11 of it
+        report(what, worst, 2e-3);
+        double d2 = 0; for (size_t i = 0; i < out.size(); i++) d2 = std::max(d2, (double)fabsf(out[i] - out1[i]));
+        report(std::string(what) + " block 128 vs 256", d2, 1e-6);
     }
 }
 
