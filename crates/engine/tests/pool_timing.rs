@@ -108,3 +108,44 @@ fn pool_decode_layer_time() {
         times.len()
     );
 }
+
+/// The fixed cost the pool pays a layer before any kernel: a small pinned upload and a
+/// download on a CPU device, the host waiting (median of many).
+#[test]
+#[ignore]
+fn cpu_device_round_trip_time() {
+    let threads = env_usize("STRATA_POOL_BENCH_THREADS", 2);
+    let dev = strata_backend_cpu::device(CpuOptions {
+        threads: Some(threads),
+        ..CpuOptions::default()
+    })
+    .unwrap();
+    let stream = dev.create_stream().unwrap();
+    let buf = dev.alloc::<f32>(2048).unwrap();
+    let mut host = dev.alloc_pinned::<f32>(2048).unwrap();
+    let mut times = Vec::new();
+    for i in 0..2000 {
+        host.host_mut().unwrap()[0] = i as f32;
+        let t0 = Instant::now();
+        dev.upload_pinned(&buf, 0, &host, 0..2048, stream).unwrap();
+        let y = dev
+            .download_range(&buf, 0, 16, stream)
+            .unwrap()
+            .wait()
+            .unwrap();
+        times.push(t0.elapsed().as_secs_f64());
+        assert_eq!(y[0], i as f32);
+        // A gap like the GPU's part of a layer, so the stream thread goes idle.
+        let t1 = Instant::now();
+        while t1.elapsed().as_micros() < 100 {
+            std::hint::spin_loop();
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "round trip: median {:.1} us, p10 {:.1} us, p90 {:.1} us",
+        times[times.len() / 2] * 1e6,
+        times[times.len() / 10] * 1e6,
+        times[times.len() * 9 / 10] * 1e6
+    );
+}

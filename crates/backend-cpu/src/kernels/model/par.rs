@@ -36,7 +36,20 @@ pub fn task_work(pool: Option<&KernelPool>, total: usize) -> usize {
     if threads == 1 || total < MIN_PARALLEL_WORK {
         return usize::MAX;
     }
-    (total / (threads * TASKS_PER_THREAD)).max(MIN_TASK_WORK)
+    (total / (threads * tasks_per_thread())).max(MIN_TASK_WORK)
+}
+
+/// [`TASKS_PER_THREAD`], or `STRATA_CPU_TASKS_PER_THREAD` (1 to 64) for A/B timing of how
+/// finely launches are split (a decode step's expert products are memory-bound: finer
+/// tasks shorten the wait for the last one, at a claim each).
+fn tasks_per_thread() -> usize {
+    static TASKS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *TASKS.get_or_init(|| {
+        std::env::var("STRATA_CPU_TASKS_PER_THREAD")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(TASKS_PER_THREAD, |n| n.clamp(1, 64))
+    })
 }
 
 /// Items per task for `n` items of `work` units each (see [`task_work`]).
