@@ -38,102 +38,6 @@ struct MvShared {
     float acc[MV_MAX_VROWS][32];  // each row's per-lane sum over the chunks so far
 };
 
-// Four int8 quants in one word, in value order.
-__device__ __forceinline__ int mv_pack4(int a, int b, int c, int d) {
-    return (int)(((uint32_t)a & 255u) | (((uint32_t)b & 255u) << 8) | (((uint32_t)c & 255u) << 16) |
-                 ((uint32_t)d << 24));
-}
-
-// quantise_tile's numbers for one activation row (u.tn == 1, no gathered rows) whose values
-// are 16-byte aligned, with two 16-byte loads a lane per 256 values: each 32-value block's (or Q8_K's 256-value
-// block's) largest magnitude, its first index on ties, and every quant are what
-// quantise_tile finds (a maximum does not depend on the order it is taken in; the index
-// breaks ties). Other rows: quantise_tile.
-template <int ACT, class S>
-__device__ void mv_quantise(S& sh, const MmUnit& u, uint32_t k0, uint32_t len) {
-    if (u.tn != 1 || u.x_rows != nullptr || ((uint64_t)(u.x + k0) & 15) != 0 || len % 256 != 0)
-        return quantise_tile<ACT>(sh, u, k0, len);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const float4* x = (const float4*)(u.x + k0);
-    const uint32_t spans = len / 256;
-    // Q8_K: lane l holds values 4l..4l+3 and 128+4l..128+4l+3 of the span (one block);
-    // Q8_0/Q8_1: values 8l..8l+7 (lanes 4j..4j+3 hold block j of the span).
-    const auto load = [&](uint32_t b, float4& a, float4& c) {
-        if (ACT == ACT_Q8_K) {
-            a = __ldg(x + b * 64 + lane);
-            c = __ldg(x + b * 64 + 32 + lane);
-        } else {
-            a = __ldg(x + b * 64 + 2 * lane);
-            c = __ldg(x + b * 64 + 2 * lane + 1);
-        }
-    };
-    for (uint32_t b = warp; b < spans; b += nwarps) {
-        float4 a, c;
-        load(b, a, c);
-        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        const uint32_t off = b * 256;
-        if (ACT == ACT_Q8_K) {
-            float amax = 0.0f, vmax = 0.0f;
-            int at = 0x7fffffff;
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                const float m = fabsf(v[r]);
-                if (m > amax) {
-                    amax = m;
-                    vmax = v[r];
-                    at = (r < 4 ? 0 : 128) + 4 * lane + (r & 3);
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float a2 = __shfl_xor_sync(FULL_MASK, amax, o);
-                const float v2 = __shfl_xor_sync(FULL_MASK, vmax, o);
-                const int at2 = __shfl_xor_sync(FULL_MASK, at, o);
-                if (a2 > amax || (a2 == amax && at2 < at)) {
-                    amax = a2;
-                    vmax = v2;
-                    at = at2;
-                }
-            }
-            int* q = (int*)(sh.q + off);
-            if (amax == 0.0f) {
-                q[lane] = 0;
-                q[32 + lane] = 0;
-                if (lane < 8) sh.d[off / 32 + lane] = 0.0f;
-            } else {
-                const float iscale = -127.0f / vmax;
-                int qi[8];
-#pragma unroll
-                for (int r = 0; r < 8; r++) qi[r] = min(__float2int_rn(__fmul_rn(iscale, v[r])), 127);
-                q[lane] = mv_pack4(qi[0], qi[1], qi[2], qi[3]);
-                q[32 + lane] = mv_pack4(qi[4], qi[5], qi[6], qi[7]);
-                if (lane < 8) sh.d[off / 32 + lane] = 1.0f / iscale;
-            }
-        } else {
-            float amax = fabsf(v[0]);  // as warp_max: NaN only when every value is
-#pragma unroll
-            for (int r = 1; r < 8; r++) amax = fmaxf(amax, fabsf(v[r]));
-            for (int o = 1; o < 4; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, o));
-            const float d = amax / 127.0f;
-            const float id = d != 0.0f ? 1.0f / d : 0.0f;
-            int qi[8], sum = 0;
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                qi[r] = (int)roundf(__fmul_rn(v[r], id));
-                sum += qi[r];
-            }
-            int* q = (int*)(sh.q + off);
-            q[2 * lane] = mv_pack4(qi[0], qi[1], qi[2], qi[3]);
-            q[2 * lane + 1] = mv_pack4(qi[4], qi[5], qi[6], qi[7]);
-            const uint32_t blk = off / 32 + (uint32_t)lane / 4;
-            if (ACT == ACT_Q8_1) {
-                for (int o = 1; o < 4; o <<= 1) sum += __shfl_xor_sync(FULL_MASK, sum, o);
-                if ((lane & 3) == 0) sh.s[blk] = round_to_f16(__fmul_rn((float)sum, d));
-            }
-            if ((lane & 3) == 0) sh.d[blk] = round_to_f16(d);
-        }
-    }
-}
-
 // Steps of 1,024 values in rows of k values (at least 1).
 __device__ __forceinline__ uint32_t mv_steps(uint32_t k) {
     return max((k + MM_STEP - 1) / MM_STEP, 1u);
@@ -202,7 +106,7 @@ __device__ void mv_dot_rows(MvShared& sh, const MmUnit& u, const uint8_t* const*
         }
         __syncthreads();  // every warp is done with the previous quants and step values
         if (!(whole && staged_key == u.act_key)) {
-            mv_quantise<F::ACT>(sh, u, k0, len);
+            quantise_tile<F::ACT>(sh, u, k0, len);
             __syncthreads();
             staged_key = whole ? u.act_key : ~(uint64_t)0;
         }

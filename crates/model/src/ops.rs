@@ -712,38 +712,3 @@ pub struct QkvShape {
     pub head_dim: u32,
     pub n_ctx: u32,
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The value of `#define NAME value` in a kernels-cuda/ source.
-    fn cuda_define(file: &str, name: &str) -> Option<usize> {
-        let path = format!("{}/../../kernels-cuda/{file}", env!("CARGO_MANIFEST_DIR"));
-        let src = std::fs::read_to_string(path).ok()?;
-        src.lines().find_map(|l| {
-            let rest = l.strip_prefix("#define ")?.strip_prefix(name)?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-    }
-
-    #[test]
-    fn matvec_rows_follow_the_kernels_units() {
-        // The grids size for matvec.cuh's units; a different count there would leave
-        // blocks idle or walking several units.
-        assert_eq!(cuda_define("matvec.cuh", "MV_ITEMS"), Some(MV_ITEMS));
-        assert_eq!(cuda_define("matmul.cuh", "MM_STEP"), Some(1024));
-        assert_eq!(cuda_define("matvec.cuh", "MV_ROWS"), Some(2));
-        // Qwen3-30B-A3B's decode products (Q4_K): O (K = 4096), Q/K/V (2048), down (768),
-        // gate and up together (2048).
-        assert_eq!(mv_rows(QuantType::Q4_K, 4096, 1, 128), 2);
-        assert_eq!(mv_rows(QuantType::Q4_K, 2048, 1, 128), 4);
-        assert_eq!(mv_rows(QuantType::Q6_K, 768, 1, 128), 8);
-        assert_eq!(mv_rows(QuantType::Q4_K, 2048, 2, 128), 2);
-        assert_eq!(mv_rows(QuantType::Q4_K, 9216, 1, 128), 1);
-        assert_eq!(mv_rows(QuantType::Q4_K, 0, 1, 128), 8);
-        // Float weights: 2 rows a warp, up to 8 warps.
-        assert_eq!(mv_rows(QuantType::F32, 2048, 1, 32), 2);
-        assert_eq!(mv_rows(QuantType::F16, 2048, 1, 512), 16);
-    }
-}
