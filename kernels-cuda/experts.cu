@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
         for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
         return;
     }
-    const uint32_t rows = mv_unit_rows(type, k);
+    const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
     const uint64_t units = pairs * groups;
     uint64_t staged = ~(uint64_t)0;

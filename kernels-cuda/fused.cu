@@ -96,6 +96,7 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
 }
 
 #define QKR_MAX_HEAD_DIM 256
+#define GU_ROWS (MV_ROWS / 2)  // experts_gate_up: rows per warp per unit (gate and up each)
 #define QKR_WARPS 8
 
 // qk_norm_rope_store's arguments (below), for qkr_head.
@@ -200,16 +201,30 @@ extern "C" __global__ void qk_norm_rope_store(
 }
 
 // Gate and up rows of one expert for one activation row, then SwiGLU (matvec.cuh's
-// arithmetic for each row, so bit for bit mul_mat_experts twice and swiglu): the unit's
-// mv_quant_rows(k, 2) rows of each, a row's gate and up two rows of mv_dot_rows' output.
+// arithmetic for each row, so bit for bit mul_mat_experts twice and swiglu).
 template <class F>
 __device__ void gate_up_unit(MvShared& sh, const MmUnit& g, const uint8_t* wu,
                              uint64_t& staged_key) {
-    const uint8_t* w[2] = {g.w, wu};
-    mv_dot_rows<F, 2>(sh, g, w, mv_quant_rows(g.k, 2), staged_key,
-                      [&](uint32_t p, const float* v) {
-                          g.y[g.r0 + p] = __fmul_rn(ggml_vsilu(v[0]), v[1]);
-                      });
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
+    // Warp w takes rows r0 + rr · nwarps + w (rr < GU_ROWS); a row's gate and up are two
+    // of mv_dot's rows.
+    const uint8_t* rows[MV_ROWS];
+    bool mine[GU_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < GU_ROWS; rr++) {
+        const uint32_t row = g.r0 + (uint32_t)(rr * nwarps + warp);
+        mine[rr] = warp < nwarps && row < g.m;
+        rows[2 * rr] = mine[rr] ? g.w + row * g.row_bytes : nullptr;
+        rows[2 * rr + 1] = mine[rr] ? wu + row * g.row_bytes : nullptr;
+    }
+    float out[MV_ROWS];
+    mv_dot<F>(sh, g, rows, out, staged_key);
+#pragma unroll
+    for (int rr = 0; rr < GU_ROWS; rr++)
+        if (mine[rr] && lane == 0)
+            g.y[g.r0 + (uint32_t)(rr * nwarps + warp)] =
+                __fmul_rn(ggml_vsilu(out[2 * rr]), out[2 * rr + 1]);
 }
 
 // y[t][j] = silu(x[t] · Wg_eᵀ) · (x[t] · Wu_eᵀ), e = ids[t][j], Wg_e at byte e ·
@@ -224,7 +239,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     if (!fused_whole_warps() || !mm_shape_ok(type, k) || type == T_F32 || type == T_F16 ||
         type == T_BF16)
         return fill_nan(y, slots * m);
-    const uint32_t rows = mv_quant_rows(k, 2);
+    const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);
     for_each_slot_unit(wg, x, ids, y, slots, n_used, 0, expert_bytes_g, rows, u,
@@ -284,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                 float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
                 uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
                 uint32_t n) {
-    pdl_begin_qkv(qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v, k), k, n);
+    pdl_begin_qkv(qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v), k, n);
     __shared__ MvShared sh;
     if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
         !mm_shape_ok(type_v, k)) {
@@ -292,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         fill_nan(yk, (uint64_t)n * m_k);
         return fill_nan(yv, (uint64_t)n * m_v);
     }
-    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v, k);
+    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_k, m_v);
     uint64_t staged = ~(uint64_t)0;
     for (uint64_t un = blockIdx.x; un < (uint64_t)n * qu.per_token(); un += gridDim.x) {
         uint64_t t;
@@ -388,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     }
     uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);
-    for_each_slot_unit(wd, x, ids, ys, slots, n_used, 1, expert_bytes, mv_unit_rows(type, k), u,
+    for_each_slot_unit(wd, x, ids, ys, slots, n_used, 1, expert_bytes, mv_rows_per_unit(), u,
                        [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
     if (!last_block(done)) return;
     for (uint64_t t = 0; t < n_tokens; t++) {
@@ -413,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                      uint32_t mode, float freq_base, float freq_scale, float ext_factor,
                      float attn_factor, float beta_fast, float beta_slow, uint32_t n_ctx_orig) {
     pdl_begin_qkv(qkv_units(wq, wk, wv, type_q, type_k, type_v, n_head * head_dim,
-                            n_kv_head * head_dim, n_kv_head * head_dim, k),
+                            n_kv_head * head_dim, n_kv_head * head_dim),
                   k, n_tokens);
     __shared__ MvShared sh;
     __shared__ float head[QKR_MAX_HEAD_DIM];
@@ -421,11 +436,10 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
                           attn_factor, beta_fast, beta_slow, n_ctx_orig};
     const uint32_t m_q = n_head * head_dim, m_kv = n_kv_head * head_dim;
-    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_kv, m_kv, k);
-    const uint32_t rows_max = max(qu.rows_q, max(qu.rows_k, qu.rows_v));
+    const uint32_t rows = mv_rows_per_unit();
     if (!fused_whole_warps() || !mm_shape_ok(type_q, k) || !mm_shape_ok(type_k, k) ||
         !mm_shape_ok(type_v, k) || head_dim == 0 || head_dim > QKR_MAX_HEAD_DIM ||
-        rows_max > 32 * head_dim || !rope_params_ok(p, head_dim)) {
+        rows > 32 * head_dim || !rope_params_ok(p, head_dim)) {
         fill_nan(yq, (uint64_t)n_tokens * m_q);
         fill_nan(yk, (uint64_t)n_tokens * m_kv);
         fill_nan(yv, (uint64_t)n_tokens * m_kv);
@@ -435,6 +449,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                        v_cache,  n_head,   n_kv_head, head_dim, n_ctx,  norm, eps, p,
                        rope_consts(p)};
     const uint32_t heads = n_head + 2 * n_kv_head;
+    const QkvUnits qu = qkv_units(wq, wk, wv, type_q, type_k, type_v, m_q, m_kv, m_kv);
     uint64_t staged = ~(uint64_t)0;
     for (uint64_t un = blockIdx.x; un < (uint64_t)n_tokens * qu.per_token(); un += gridDim.x) {
         uint64_t t;
@@ -449,7 +464,6 @@ extern "C" __global__ void __launch_bounds__(256, 4)
         u.r0 = r0;
         u.act_key = t * 4 + mv_act_format(type);
         mv_unit(sh, type, u, staged);
-        const uint32_t rows = qu.rows(j);
         // The heads of this unit's rows (at most 32: rows <= 32 · head_dim); a head's
         // units are those whose rows meet it.
         const uint32_t h0 = u.r0 / head_dim, h1 = (min(u.r0 + rows, m) - 1) / head_dim;

@@ -42,27 +42,10 @@ fn mm_blocks(m: u32, other: usize, decode: bool) -> LaunchCfg {
 }
 
 /// A one-token product (the CUDA backend's matvec.cuh kernels): 128-thread blocks of
-/// `rows` rows ([`mv_rows`]).
+/// `rows` rows (4 warps of MV_ROWS = 2 rows, or of 1 gate/up row pair).
 fn mv_blocks(m: u32, other: usize, rows: usize) -> LaunchCfg {
     let units = (m as usize).div_ceil(rows) * other.max(1);
     LaunchCfg::linear(units * (BLOCK / 2) as usize, BLOCK / 2)
-}
-
-/// (row, step of 1,024 values) items one quantised matvec.cuh unit takes
-/// (kernels-cuda/matvec.cuh MV_ITEMS): one warp each.
-const MV_ITEMS: usize = 8;
-
-/// Rows of one unit of matvec.cuh's kernels for weights of `ty` with rows of `k` values in
-/// blocks of `threads` (matvec.cuh's mv_unit_rows): float weights 2 rows a warp (up to 8
-/// warps); quantised ones as many outputs of `g` rows each (1, or 2 for experts_gate_up's
-/// gate and up) as make MV_ITEMS items (mv_quant_rows), so a layer's product is thousands
-/// of warps, each with one or two items.
-pub(crate) fn mv_rows(ty: QuantType, k: u32, g: usize, threads: u32) -> usize {
-    if matches!(ty, QuantType::F32 | QuantType::F16 | QuantType::BF16) {
-        return ((threads / 32).clamp(1, 8) * 2) as usize;
-    }
-    let steps = (k as usize).div_ceil(1024).max(1);
-    (MV_ITEMS / (g * steps)).max(1)
 }
 
 /// A one-token product with float weights (no activation to quantise per block, so nothing
@@ -198,7 +181,7 @@ impl Ops<'_> {
         let cfg = if n == 1 && float {
             mv_float_blocks(w.m)
         } else if n == 1 {
-            mv_blocks(w.m, 1, mv_rows(w.ty, w.k, 1, BLOCK / 2))
+            mv_blocks(w.m, 1, 8)
         } else {
             mm_blocks(w.m, tiles, tiles == 1)
         };
@@ -452,7 +435,7 @@ impl Ops<'_> {
         // expert and row group (plus one for invalid ids), its tokens in tiles, so each
         // expert's weights are read once per tile instead of once per token.
         let cfg = if n_tokens <= EXPERT_GROUPING_MIN_TOKENS {
-            mv_blocks(w.m, slots, mv_rows(w.ty, w.k, 1, BLOCK / 2))
+            mv_blocks(w.m, slots, 8)
         } else {
             mm_blocks(w.m, slots.min(w.n_expert as usize) + 1, false)
         };
@@ -493,9 +476,8 @@ impl Ops<'_> {
             .u32(w.n_expert)
             .u64(slot_bytes)
             .u64(matrix_offset);
-        // One token per unit: matvec.cuh's units in 256-thread blocks.
-        let rows = mv_rows(w.ty, w.k, 1, BLOCK);
-        let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(rows);
+        // One token per unit: matvec.cuh's 256-thread units of 16 rows.
+        let units = (n_tokens * n_used) as usize * (w.m as usize).div_ceil(MM_ROWS_PER_BLOCK);
         self.launch_cfg(KernelId::MulMatExpertsCached, blocks(units), args)
     }
 
@@ -698,8 +680,7 @@ impl Ops<'_> {
             .u64(g.expert_bytes)
             .u64(u.expert_bytes);
         let slots = (n_tokens * n_used) as usize;
-        let rows = mv_rows(g.ty, g.k, 2, BLOCK / 2);
-        self.launch_cfg(KernelId::ExpertsGateUp, mv_blocks(g.m, slots, rows), args)
+        self.launch_cfg(KernelId::ExpertsGateUp, mv_blocks(g.m, slots, 4), args)
     }
 }
 

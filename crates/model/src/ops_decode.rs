@@ -7,32 +7,20 @@ use strata_core::{Args, DeviceBuffer, KernelId, LaunchCfg, Result};
 use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
-use crate::ops::{Ops, QkvShape, mv_rows, row_block_threads};
+use crate::ops::{Ops, QkvShape, row_block_threads};
 use crate::weights::{Experts, Matrix, Vector};
 
-/// A launch of matvec.cuh's units over `m` rows of weights of `ty` (rows of `k` values)
-/// for each of `units_per_row_group` activation rows, in blocks of `threads`.
-fn norm_product_cfg(
-    ty: QuantType,
-    m: u32,
-    k: u32,
-    units_per_row_group: usize,
-    threads: u32,
-) -> LaunchCfg {
-    let rows = mv_rows(ty, k, 1, threads);
+/// A launch of `units` matvec units of `m` rows each in blocks of `threads` (a unit is
+/// 2 rows a warp, up to 8 warps: kernels-cuda/matvec.cuh's mv_rows_per_unit).
+fn norm_product_cfg(m: u32, units_per_row_group: usize, threads: u32) -> LaunchCfg {
+    let rows = ((threads / 32).min(8) * 2) as usize;
     let blocks = (m as usize).div_ceil(rows) * units_per_row_group.max(1);
     LaunchCfg::linear(blocks * threads as usize, threads)
 }
 
-/// Blocks of mul_mat_qkv(_rope): a unit of one matrix's rows (matvec.cuh) for one token
-/// per 128-thread block.
-fn qkv_cfg(w: (&Matrix, &Matrix, &Matrix), n_tokens: u32) -> LaunchCfg {
-    let units: usize = [w.0, w.1, w.2]
-        .iter()
-        .map(|m| (m.m as usize).div_ceil(mv_rows(m.ty, m.k, 1, 128)))
-        .sum();
-    LaunchCfg::linear(units * n_tokens.max(1) as usize * 128, 128)
-}
+/// Weight rows of one matvec unit in a 128-thread block (kernels-cuda/matvec.cuh: 4 warps
+/// of MV_ROWS = 2 rows).
+const MV_UNIT_ROWS: usize = 8;
 
 impl Ops<'_> {
     /// Whether the device computes Q, K and V of one activation in one launch.
@@ -86,9 +74,13 @@ impl Ops<'_> {
             .u32(wv.m)
             .u32(wq.k)
             .u32(n);
-        // One unit (a few rows of one matrix for one token) per 128-thread block: a
-        // decode step's 4,096 + 512 + 512 rows of 2,048 values are 1,280 blocks.
-        let cfg = qkv_cfg(w, n);
+        // One unit (8 rows of one matrix for one token) per 128-thread block: a decode
+        // step's 4,096 + 512 + 512 rows are 640 blocks.
+        let units: usize = [wq.m, wk.m, wv.m]
+            .iter()
+            .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
+            .sum();
+        let cfg = LaunchCfg::linear(units * n.max(1) as usize * 128, 128);
         self.launch_cfg(KernelId::MulMatQkv, cfg, args)
     }
 
@@ -122,10 +114,9 @@ impl Ops<'_> {
             .u32(top_k)
             .u32(norm as u32);
         // mul_mat's one-token shapes (Ops::mul_mat) for each token: float weights in
-        // one-warp blocks of 2 rows, quantised ones in 128-thread blocks of matvec.cuh's units.
+        // one-warp blocks of 2 rows, quantised ones in 128-thread blocks of 8.
         let float = matches!(router.ty, QuantType::F32 | QuantType::F16 | QuantType::BF16);
-        let threads = if float { 32 } else { 128 };
-        let rows = mv_rows(router.ty, router.k, 1, threads);
+        let (rows, threads) = if float { (2, 32) } else { (MV_UNIT_ROWS, 128) };
         let blocks = (router.m as usize).div_ceil(rows) * n_tokens.max(1) as usize;
         let cfg = LaunchCfg::linear(blocks * threads as usize, threads);
         self.launch_cfg(KernelId::RouterMatvecTopk, cfg, args)
@@ -161,7 +152,7 @@ impl Ops<'_> {
             .u32(w.k)
             .u32(n)
             .f32(eps);
-        let cfg = norm_product_cfg(w.ty, w.m, w.k, n as usize, row_block_threads(w.m));
+        let cfg = norm_product_cfg(w.m, n as usize, row_block_threads(w.m));
         self.launch_cfg(KernelId::MulMatAddRmsNorm, cfg, args)
     }
 
@@ -205,7 +196,7 @@ impl Ops<'_> {
             .u64(w.expert_bytes)
             .f32(eps);
         let slots = (n_tokens * n_used) as usize;
-        let cfg = norm_product_cfg(w.ty, w.m, w.k, slots, row_block_threads(w.m));
+        let cfg = norm_product_cfg(w.m, slots, row_block_threads(w.m));
         self.launch_cfg(KernelId::ExpertsDownNorm, cfg, args)
     }
 
@@ -254,8 +245,12 @@ impl Ops<'_> {
             .u32(wv.ty.id())
             .u32(wq.k);
         let args = crate::ops::head_rope_args(args, &shape, norm.is_some(), eps, r);
-        // mul_mat_qkv's shape.
-        let cfg = qkv_cfg(w, shape.n_tokens);
+        // mul_mat_qkv's shape: a unit of 8 rows per 128-thread block.
+        let units: usize = [wq.m, wk.m, wv.m]
+            .iter()
+            .map(|&m| (m as usize).div_ceil(MV_UNIT_ROWS))
+            .sum();
+        let cfg = LaunchCfg::linear(units * shape.n_tokens.max(1) as usize * 128, 128);
         self.launch_cfg(KernelId::MulMatQkvRope, cfg, args)
     }
 }
