@@ -27,10 +27,18 @@ const PARALLEL_COPY_THREADS: usize = 8;
 /// `dst` must be valid for writes of the parts' total length and overlap none of them.
 unsafe fn host_copy_parts(dst: *mut u8, parts: &[(usize, &[u8])]) {
     let total: usize = parts.iter().map(|(_, b)| b.len()).sum();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(PARALLEL_COPY_THREADS)
-        .min(total / PARALLEL_COPY_CHUNK);
+    // Asked once: available_parallelism() reads cgroup files (50-130 us a call measured),
+    // and small uploads (a decode step's activations) come many to a token.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let threads = if total < 2 * PARALLEL_COPY_CHUNK {
+        1
+    } else {
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        cores
+            .min(PARALLEL_COPY_THREADS)
+            .min(total / PARALLEL_COPY_CHUNK)
+    };
     // Raw pointers are not Send; the address is, and each thread writes its own range.
     let base = dst as usize;
     // Copies the bytes [lo, hi) of the parts' concatenation.
