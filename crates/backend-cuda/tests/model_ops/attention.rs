@@ -14,24 +14,8 @@ struct Case {
 
 /// Stores K/V rows 0..pos0 + n_tokens, then attends with the launch shape `cfg`.
 fn run(d: &Device, c: &Case, q: &[f32], k: &[f32], v: &[f32], cfg: &LaunchCfg) -> Vec<f32> {
-    let kv_dim = c.n_kv_head * c.head_dim;
-    let ctx = c.pos0 + c.n_tokens;
-    let (kc, vc) = (
-        d.alloc::<u16>(ctx * kv_dim).unwrap(),
-        d.alloc::<u16>(ctx * kv_dim).unwrap(),
-    );
-    let (bk, bv) = (upload(d, k), upload(d, v));
-    let all = upload(d, &(0..ctx as i32).collect::<Vec<_>>());
-    let store = Args::new()
-        .read(&bk)
-        .read(&bv)
-        .read(&all)
-        .write(&kc)
-        .write(&vc)
-        .u32(kv_dim as u32)
-        .u32(ctx as u32)
-        .u32(ctx as u32);
-    launch(d, KernelId::KvStore, &ops_cfg(ctx * kv_dim), &store);
+    let (kv_dim, ctx) = (c.n_kv_head * c.head_dim, c.pos0 + c.n_tokens);
+    let (kc, vc) = store(d, false, ctx, kv_dim, k, v);
     let bq = upload(d, q);
     let out = d.alloc::<f32>(c.n_tokens * c.n_head * c.head_dim).unwrap();
     let pos = upload(
