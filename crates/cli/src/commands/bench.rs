@@ -225,6 +225,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             decode_profile = loaded.dev.kernel_times()?;
         }
         experts::report(&ctx);
+        // A repetition ends as a request does: an elastic K/V trims back (and logs the
+        // trim's stall) and its slots return to the expert cache.
+        ctx.trim_kv()?;
         tracing::info!("bench repetition {}/{reps} done", rep + 1);
     }
     let pp = if pp_s > 0.0 {
