@@ -439,8 +439,12 @@ impl ExpertCache {
         } else {
             None
         };
-        let t0 = Instant::now();
+        let t_wait = Instant::now();
         let xn = xn.wait()?;
+        self.stats.activation_wait_seconds += t_wait.elapsed().as_secs_f64();
+        // The pool's time starts once it has its activations (the wait above is the
+        // device's part of the layer and the download).
+        let t0 = Instant::now();
         let mut x = Vec::with_capacity(cpu_tok.len() * embd);
         for &t in &cpu_tok {
             x.extend_from_slice(&xn[t * embd..(t + 1) * embd]);

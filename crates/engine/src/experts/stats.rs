@@ -25,10 +25,14 @@ pub struct ExpertStats {
     /// uploaded from the file for them.
     pub lent_layers: u64,
     pub bytes_lend: u64,
-    /// Seconds the CPU pool worked, and of those, seconds the device also had expert work
+    /// Seconds the CPU pool worked (from when it had its activations until its outputs
+    /// were back on the host), and of those, seconds the device also had expert work
     /// queued (measured per layer by polling the device's event while the pool runs).
     pub pool_seconds: f64,
     pub overlap_seconds: f64,
+    /// Seconds the host waited for a layer's activations (the device's part of the layer
+    /// before the routed experts, and the download) before the pool could start.
+    pub activation_wait_seconds: f64,
 }
 
 impl ExpertStats {
@@ -67,7 +71,7 @@ impl fmt::Display for ExpertStats {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         write!(
             f,
-            "decode expert cache hit rate {:.1}% ({} of {} routed experts), {:.2} experts on CPU per token, PCIe {:.2} MiB (down {:.2}, up {:.2}, slot fills {:.2} in {} fills, prefill staging {:.2} for {} layers), CPU pool {:.3} s, overlap {:.0}%",
+            "decode expert cache hit rate {:.1}% ({} of {} routed experts), {:.2} experts on CPU per token, PCIe {:.2} MiB (down {:.2}, up {:.2}, slot fills {:.2} in {} fills, prefill staging {:.2} for {} layers), CPU pool {:.3} s (after {:.3} s waiting for activations), overlap {:.0}%",
             100.0 * self.decode_hit_rate(),
             self.decode_hits,
             self.decode_hits + self.decode_misses,
@@ -80,6 +84,7 @@ impl fmt::Display for ExpertStats {
             mib(self.bytes_lend),
             self.lent_layers,
             self.pool_seconds,
+            self.activation_wait_seconds,
             100.0 * self.overlap_fraction(),
         )
     }
