@@ -86,6 +86,29 @@ fn weight_bytes_per_token(model: &strata_model::Model) -> f64 {
         .sum()
 }
 
+/// The fields every `--json` object of `bench` starts with: what ran, where, how.
+fn args_json(args: &Args, loaded: &common::Loaded) -> serde_json::Value {
+    let info = loaded.dev.info();
+    serde_json::json!({
+        "model": args.model.model.display().to_string(),
+        "architecture": loaded.model.hp.arch,
+        "backend": info.backend.name(),
+        "device": info.name,
+        "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        "graphs": !args.no_graphs,
+        "kv": loaded.kv.name(),
+        "n_ctx": loaded.n_ctx,
+    })
+}
+
+/// `run`'s fields with a measurement's `fields` added.
+fn with_run_fields(mut run: serde_json::Value, fields: serde_json::Value) -> serde_json::Value {
+    if let (Some(r), serde_json::Value::Object(f)) = (run.as_object_mut(), fields) {
+        r.extend(f);
+    }
+    run
+}
+
 /// Device-to-device copy bandwidth (bytes read + bytes written per second), the
 /// roofline a decode step's weight reads are measured against.
 fn copy_bandwidth(dev: &strata_core::Device) -> anyhow::Result<f64> {
@@ -255,25 +278,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let roofline = bandwidth.map(|bw| tg * weight_bytes / bw);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     if args.json {
-        let obj = serde_json::json!({
-            "model": args.model.model.display().to_string(),
-            "architecture": loaded.model.hp.arch,
-            "backend": info.backend.name(),
-            "device": info.name,
-            "threads": threads,
-            "prefill_tokens": args.n_prompt,
-            "prefill_tokens_per_s": pp,
-            "decode_tokens": args.n_gen,
-            "decode_depth": args.depth,
-            "decode_tokens_per_s": tg,
-            "repetitions": reps,
-            "graphs": !args.no_graphs,
-            "kv": loaded.kv.name(),
-            "n_ctx": loaded.n_ctx,
-            "weight_bytes_per_token": weight_bytes,
-            "device_copy_bytes_per_s": bandwidth,
-            "decode_roofline_fraction": roofline,
-        });
+        let obj = with_run_fields(
+            args_json(&args, &loaded),
+            serde_json::json!({
+                "prefill_tokens": args.n_prompt,
+                "prefill_tokens_per_s": pp,
+                "decode_tokens": args.n_gen,
+                "decode_depth": args.depth,
+                "decode_tokens_per_s": tg,
+                "repetitions": reps,
+                "weight_bytes_per_token": weight_bytes,
+                "device_copy_bytes_per_s": bandwidth,
+                "decode_roofline_fraction": roofline,
+            }),
+        );
         println!("{obj}");
     } else {
         println!(
@@ -387,35 +405,30 @@ fn window_cost(
     for c in &costs {
         let k = c.k;
         if args.json {
-            let obj = serde_json::json!({
-                "model": args.model.model.display().to_string(),
-                "architecture": loaded.model.hp.arch,
-                "backend": info.backend.name(),
-                "device": info.name,
-                "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
-                "graphs": !args.no_graphs,
-                "kv": loaded.kv.name(),
-                "n_ctx": loaded.n_ctx,
-                "prompt_tokens": args.n_prompt.max(1),
-                "decode_tokens": args.n_gen,
-                "repetitions": reps,
-                "spec_window_k": k,
-                "window_positions": k + 1,
-                "plain_steps": c.step_seconds.len(),
-                "windows": c.window_seconds.len(),
-                "step_ms": 1e3 * c.mean_step_seconds(),
-                "window_ms": 1e3 * c.mean_window_seconds(),
-                "step_ms_median": median_ms(&c.step_seconds),
-                "window_ms_median": median_ms(&c.window_seconds),
-                "step_ms_min": min_ms(&c.step_seconds),
-                "window_ms_min": min_ms(&c.window_seconds),
-                "window_step_ratio": c.ratio(),
-                "plain_tokens_per_s": c.plain_tokens_per_s(),
-                "window_tokens_per_s": c.window_tokens_per_s(),
-                "expert_cache": loaded.experts.is_some(),
-                "plain_expert_hit_rate": hit_rate(&c.plain_experts),
-                "window_expert_hit_rate": hit_rate(&c.window_experts),
-            });
+            let obj = with_run_fields(
+                args_json(args, loaded),
+                serde_json::json!({
+                    "prompt_tokens": args.n_prompt.max(1),
+                    "decode_tokens": args.n_gen,
+                    "repetitions": reps,
+                    "spec_window_k": k,
+                    "window_positions": k + 1,
+                    "plain_steps": c.step_seconds.len(),
+                    "windows": c.window_seconds.len(),
+                    "step_ms": 1e3 * c.mean_step_seconds(),
+                    "window_ms": 1e3 * c.mean_window_seconds(),
+                    "step_ms_median": median_ms(&c.step_seconds),
+                    "window_ms_median": median_ms(&c.window_seconds),
+                    "step_ms_min": min_ms(&c.step_seconds),
+                    "window_ms_min": min_ms(&c.window_seconds),
+                    "window_step_ratio": c.ratio(),
+                    "plain_tokens_per_s": c.plain_tokens_per_s(),
+                    "window_tokens_per_s": c.window_tokens_per_s(),
+                    "expert_cache": loaded.experts.is_some(),
+                    "plain_expert_hit_rate": hit_rate(&c.plain_experts),
+                    "window_expert_hit_rate": hit_rate(&c.window_experts),
+                }),
+            );
             println!("{obj}");
         } else {
             println!(
