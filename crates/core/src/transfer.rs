@@ -137,7 +137,7 @@ impl Device {
         self.inner.check_owner(dst.state(), site)?;
         dst.check_writable(site)?;
         for (offset, data) in pieces {
-            dst.check_range("upload_ranges", *offset, data.len(), site)?;
+            dst.check_range("upload", *offset, data.len(), site)?;
         }
         let size = std::mem::size_of::<T>();
         let mut parts = Vec::with_capacity(pieces.len());
@@ -147,7 +147,7 @@ impl Device {
             parts.push((total, bytes));
             total += bytes.len();
         }
-        if total == 0 {
+        if pieces.is_empty() {
             return Ok(());
         }
         let mut st = self.inner.lock();

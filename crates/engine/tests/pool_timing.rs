@@ -82,9 +82,10 @@ fn pool_decode_layer_time() {
                     ids.push(e);
                 }
             }
-            let xs: Vec<f32> = ids.iter().flat_map(|_| x.iter().copied()).collect();
+            // A decode step: every pair belongs to the one token.
+            let tok = vec![0usize; ids.len()];
             let t0 = Instant::now();
-            let pending = pool.start(il, &xs, &ids).unwrap();
+            let pending = pool.start(il, &x, &tok, &ids).unwrap();
             let queued = t0.elapsed().as_secs_f64();
             let y = pending.wait().unwrap();
             let dt = t0.elapsed().as_secs_f64();

@@ -445,11 +445,7 @@ impl ExpertCache {
         // The pool's time starts once it has its activations (the wait above is the
         // device's part of the layer and the download).
         let t0 = Instant::now();
-        let mut x = Vec::with_capacity(cpu_tok.len() * embd);
-        for &t in &cpu_tok {
-            x.extend_from_slice(&xn[t * embd..(t + 1) * embd]);
-        }
-        let pending = self.pool.start(il, &x, &cpu_ids)?;
+        let pending = self.pool.start(il, &xn, &cpu_tok, &cpu_ids)?;
         // Both sides work until the first finishes: poll the device while the pool runs.
         let mut device_end = None;
         if let Some(ev) = &device_done {

@@ -36,7 +36,7 @@ impl PoolLayer {
 struct PoolScratch {
     cap: usize,
     /// Host side of `x` and `ids`, uploaded from pinned memory: an upload from a slice
-    /// costs a staging copy (and, in core, a query of the CPU count per call).
+    /// costs a staging copy.
     x_host: PinnedBuffer<f32>,
     ids_host: PinnedBuffer<i32>,
     x: DeviceBuffer<f32>,
@@ -120,12 +120,14 @@ impl CpuPool {
         self.scratch.as_ref().ok_or(ExpertError::PoolDevice)
     }
 
-    /// Queues layer `il`'s experts `ids[i]` applied to the activation rows `x[i]`
-    /// (`ids.len()` rows of n_embd); the pending value is their outputs, row after row.
+    /// Queues layer `il`'s experts `ids[i]` applied to the activation row of token
+    /// `tok[i]` in `xn` (rows of n_embd; `tok` in order); the pending value is the pairs'
+    /// outputs, row after row.
     pub fn start(
         &mut self,
         il: usize,
-        x: &[f32],
+        xn: &[f32],
+        tok: &[usize],
         ids: &[i32],
     ) -> Result<Pending<f32>, ExpertError> {
         let p = ids.len();
@@ -138,20 +140,21 @@ impl CpuPool {
             .ok_or(ExpertError::NotMoe(il))?;
         let [wg, wu, wd] = layer.bufs()?;
         let s = self.scratch.as_mut().ok_or(ExpertError::PoolDevice)?;
-        if x.len() != p * embd {
+        let rows_in = xn.len() / embd.max(1);
+        if tok.len() != p || tok.iter().any(|&t| t >= rows_in) {
             return Err(strata_core::Error::OutOfBounds {
                 op: "CPU pool activations",
                 site: std::panic::Location::caller(),
-                offset: 0,
-                elements: x.len(),
-                len: p * embd,
+                offset: tok.iter().copied().max().unwrap_or(0),
+                elements: tok.len(),
+                len: rows_in,
             }
             .into());
         }
         // The pairs of one token share its activation row: uploaded and quantised once.
-        let (n_tokens, n_used) = token_groups(x, embd, p);
+        let (n_tokens, n_used) = token_groups(tok);
         let rows = n_tokens * embd;
-        let xs = (0..n_tokens).flat_map(|t| &x[t * n_used * embd..][..embd]);
+        let xs = (0..n_tokens).flat_map(|g| &xn[tok[g * n_used] * embd..][..embd]);
         for (d, &v) in s.x_host.host_mut()?.iter_mut().zip(xs) {
             *d = v;
         }
@@ -174,24 +177,17 @@ impl CpuPool {
     }
 }
 
-/// `(tokens, pairs per token)` for `p` activation rows of `embd` in `x`: runs of equal
-/// rows (bit for bit) of one length when the rows split that way (a decode step's pairs
-/// all share its one token), otherwise one token per pair. Either way a pair's output is
-/// the same bits: its row is quantised the same way and meets the same weights.
-fn token_groups(x: &[f32], embd: usize, p: usize) -> (usize, usize) {
-    let row = |i: usize| &x[i * embd..(i + 1) * embd];
-    let same = |a: usize, b: usize| {
-        row(a)
-            .iter()
-            .zip(row(b))
-            .all(|(u, v)| u.to_bits() == v.to_bits())
-    };
-    let run = (1..p).take_while(|&i| same(0, i)).count() + 1;
-    if run == 1 || !p.is_multiple_of(run) {
-        return (p, 1);
+/// `(tokens, pairs per token)` for the pairs' tokens `tok`: runs of one token, all of one
+/// length (a decode step's pairs all belong to its one token), otherwise one token per
+/// pair. Either way a pair's output is the same bits: its row is quantised the same way
+/// and meets the same weights.
+fn token_groups(tok: &[usize]) -> (usize, usize) {
+    let p = tok.len();
+    let run = tok.iter().take_while(|&&t| t == tok[0]).count().max(1);
+    let grouped = p.is_multiple_of(run) && tok.chunks(run).all(|c| c.iter().all(|&t| t == c[0]));
+    if run > 1 && grouped {
+        (p / run, run)
+    } else {
+        (p, 1)
     }
-    let groups_ok = (run..p)
-        .step_by(run)
-        .all(|first| (first + 1..first + run).all(|i| same(first, i)));
-    if groups_ok { (p / run, run) } else { (p, 1) }
 }

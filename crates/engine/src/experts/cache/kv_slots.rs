@@ -2,19 +2,20 @@
 //! hot experts that sat in them move into the slots of colder experts, so what leaves the
 //! device is the coldest. Trimming returns the slots and refills them with the hottest
 //! experts not resident (profile and routing counts), 16 at once and the rest 16 a step
-//! after, so a trim of hundreds of slots does not stall the next request. Every table change is published by
-//! an ordered upload on the copy stream, which the host waits for before the K/V changes
-//! hands: no kernel can read a table that names a slot the K/V now owns.
+//! after, so a trim of hundreds of slots does not stall the next request. Every table
+//! change is published by an ordered upload on the copy stream, which the host waits for
+//! before the K/V changes hands: no kernel can read a table that names a slot the K/V now
+//! owns.
 
 use super::{ExpertCache, by_heat};
+use crate::experts::ExpertError;
+use crate::experts::residency::TableUpload;
 
 /// Slots a trim refills before it returns (the rest: [`REFILL_PER_STEP`] a step after):
 /// 16 slots of Qwen3-30B-A3B are 42 MB, about a millisecond of uploads.
 pub const REFILL_AT_TRIM: usize = 16;
 /// Free slots refilled between two steps after a trim.
 pub const REFILL_PER_STEP: usize = 16;
-use crate::experts::ExpertError;
-use crate::experts::residency::TableUpload;
 
 /// What a take or a return did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
