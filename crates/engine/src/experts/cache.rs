@@ -77,6 +77,10 @@ pub struct ExpertCache {
     counts: Vec<u64>,
     stats: ExpertStats,
     opts: ExpertCacheOptions,
+    /// When the last MoE layer of the current step returned, and when its pool's outputs
+    /// were on the host (for the decode timeline).
+    layer_end: Option<Instant>,
+    pool_end: Option<Instant>,
 }
 
 /// (layer, expert) pairs by count, hottest first, ties to the lower (layer, expert).
@@ -147,6 +151,8 @@ impl ExpertCache {
             },
             layout,
             opts,
+            layer_end: None,
+            pool_end: None,
         })
     }
 
@@ -243,6 +249,7 @@ impl ExpertCache {
     /// and, with `adapt`, swap hot experts in for cold ones; at most `copies_per_step`
     /// copies of each kind. Without `adapt_async` the host waits for the copies.
     pub fn between_steps(&mut self) -> Result<(), ExpertError> {
+        self.layer_end = None;
         let ne = self.layout.n_expert as usize;
         let mut copies = 0;
         if self.refill_pending {
@@ -325,6 +332,7 @@ impl ExpertCache {
             .copied()
             .flatten()
             .ok_or(ExpertError::NotMoe(il))?;
+        let t_entry = Instant::now();
         let (n, k, embd) = (io.n_tokens as usize, io.n_used as usize, io.n_embd as usize);
         let ne = self.layout.n_expert as usize;
         let pairs = n * k;
@@ -339,6 +347,9 @@ impl ExpertCache {
             self.stats.bytes_down += (n * embd * 4) as u64;
         }
         let ids = ids.wait()?;
+        if n == 1 {
+            self.stats.decode.router_wait_seconds += t_entry.elapsed().as_secs_f64();
+        }
         self.stats.bytes_down += (pairs * 4) as u64;
         // The plan, from the host table: resident pairs stay on the device, the others
         // become rows of the pool's batch.
@@ -441,7 +452,11 @@ impl ExpertCache {
         };
         let t_wait = Instant::now();
         let xn = xn.wait()?;
-        self.stats.activation_wait_seconds += t_wait.elapsed().as_secs_f64();
+        let waited = t_wait.elapsed().as_secs_f64();
+        self.stats.activation_wait_seconds += waited;
+        if n == 1 {
+            self.stats.decode.activation_wait_seconds += waited;
+        }
         // The pool's time starts once it has its activations (the wait above is the
         // device's part of the layer and the download).
         let t0 = Instant::now();
@@ -465,6 +480,10 @@ impl ExpertCache {
         let y = pending.wait()?;
         let pool_time = t0.elapsed();
         self.stats.pool_seconds += pool_time.as_secs_f64();
+        if n == 1 {
+            self.stats.decode.pool_seconds += pool_time.as_secs_f64();
+            self.pool_end = Some(Instant::now());
+        }
         self.stats.overlap_seconds += match (&device_done, device_end) {
             (None, _) => 0.0,
             (Some(_), Some(d)) => d.as_secs_f64(),
@@ -606,7 +625,21 @@ impl ExpertCache {
 
 impl RoutedExperts for ExpertCache {
     fn run(&mut self, ops: &Ops<'_>, io: &MoeIo<'_>) -> strata_model::Result<()> {
-        self.run_layer(ops, io).map_err(|e| match e {
+        let start = Instant::now();
+        let decode = io.n_tokens == 1;
+        if let (true, Some(end)) = (decode, self.layer_end) {
+            self.stats.decode.launch_seconds += (start - end).as_secs_f64();
+        }
+        self.pool_end = None;
+        let r = self.run_layer(ops, io);
+        let end = Instant::now();
+        if decode {
+            let d = &mut self.stats.decode;
+            d.layers += 1;
+            d.return_seconds += (end - self.pool_end.unwrap_or(end)).as_secs_f64();
+        }
+        self.layer_end = Some(end);
+        r.map_err(|e| match e {
             ExpertError::Device(d) => ModelError::Device(d),
             ExpertError::Model(m) => m,
             other => ModelError::ExpertCache(other.to_string()),

@@ -23,7 +23,7 @@ pub use layout::{LayerExperts, Layout, MatrixView};
 pub use pool::CpuPool;
 pub use profile::{ModelId, Profile};
 pub use residency::{Residency, TableUpload};
-pub use stats::ExpertStats;
+pub use stats::{DecodeTimeline, ExpertStats};
 
 use std::sync::{Arc, Mutex};
 

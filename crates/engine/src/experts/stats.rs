@@ -33,6 +33,38 @@ pub struct ExpertStats {
     /// Seconds the host waited for a layer's activations (the device's part of the layer
     /// before the routed experts, and the download) before the pool could start.
     pub activation_wait_seconds: f64,
+    /// Where the host's time of decode steps went, layer by layer.
+    pub decode: DecodeTimeline,
+}
+
+/// The host's critical path through the MoE layers of single-token steps (decode), in
+/// seconds summed over layers: what a decode token costs beyond the pool's own work.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecodeTimeline {
+    /// MoE layers of decode steps.
+    pub layers: u64,
+    /// From the end of one MoE layer to the start of the next in the same step: queueing
+    /// the dense part of the next layer (attention, router).
+    pub launch_seconds: f64,
+    /// From the start of a MoE layer until the router's choice is on the host (the
+    /// device's part of the layer and the download).
+    pub router_wait_seconds: f64,
+    /// Then until the activations are on the host.
+    pub activation_wait_seconds: f64,
+    /// The pool's work, from its activations to its outputs.
+    pub pool_seconds: f64,
+    /// The pool's outputs back to the device and the sum queued.
+    pub return_seconds: f64,
+}
+
+impl DecodeTimeline {
+    fn per_token_ms(&self, seconds: f64, tokens: u64) -> f64 {
+        if tokens == 0 {
+            0.0
+        } else {
+            1e3 * seconds / tokens as f64
+        }
+    }
 }
 
 impl ExpertStats {
@@ -86,6 +118,20 @@ impl fmt::Display for ExpertStats {
             self.pool_seconds,
             self.activation_wait_seconds,
             100.0 * self.overlap_fraction(),
-        )
+        )?;
+        let (d, t) = (&self.decode, self.decode_tokens);
+        if d.layers > 0 {
+            let ms = |s: f64| d.per_token_ms(s, t);
+            write!(
+                f,
+                "; a decode token's MoE layers (ms): launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}",
+                ms(d.launch_seconds),
+                ms(d.router_wait_seconds),
+                ms(d.activation_wait_seconds),
+                ms(d.pool_seconds),
+                ms(d.return_seconds),
+            )?;
+        }
+        Ok(())
     }
 }
