@@ -370,7 +370,6 @@ impl ExpertCache {
         let misses = cpu_ids.len() as u64;
         let hits = pairs as u64 - misses;
         if n == 1 {
-            self.stats.decode_tokens += 1;
             self.stats.decode_hits += hits;
             self.stats.decode_misses += misses;
         } else {
@@ -627,8 +626,12 @@ impl RoutedExperts for ExpertCache {
     fn run(&mut self, ops: &Ops<'_>, io: &MoeIo<'_>) -> strata_model::Result<()> {
         let start = Instant::now();
         let decode = io.n_tokens == 1;
-        if let (true, Some(end)) = (decode, self.layer_end) {
-            self.stats.decode.launch_seconds += (start - end).as_secs_f64();
+        match (decode, self.layer_end) {
+            (true, Some(end)) => self.stats.decode.launch_seconds += (start - end).as_secs_f64(),
+            // The step's first MoE layer: a decode token (a layer each was counted before,
+            // so "experts on CPU per token" was per layer).
+            (true, None) => self.stats.decode_tokens += 1,
+            (false, _) => {}
         }
         self.pool_end = None;
         let r = self.run_layer(ops, io);
