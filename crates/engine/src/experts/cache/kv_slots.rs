@@ -3,9 +3,12 @@
 //! device is the coldest. Trimming returns the slots and refills them with the hottest
 //! experts not resident (profile and routing counts), 16 at once and the rest 16 a step
 //! after, so a trim of hundreds of slots does not stall the next request. Every table
-//! change is published by an ordered upload on the copy stream, which the host waits for
-//! before the K/V changes hands: no kernel can read a table that names a slot the K/V now
-//! owns.
+//! change is published by an ordered upload on the copy stream and every expert move or
+//! refill is an ordered copy there: kernels that read the table or the slots wait for them
+//! on the device, so the host waits for none of it. (The slots are lent logically: the
+//! K/V never writes their memory, so nothing else has to wait for the moves either.)
+
+use std::time::Instant;
 
 use super::{ExpertCache, by_heat};
 use crate::experts::ExpertError;
@@ -29,6 +32,16 @@ pub struct SlotChange {
     pub total: usize,
 }
 
+/// Host time of a take's or a return's parts, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SlotTimes {
+    /// Queuing the copies: the moves of displaced experts (take), or the refills from the
+    /// mapped file, their host copy into staging included (return).
+    pub copies_s: f64,
+    /// Queuing the residency table's upload.
+    pub publish_s: f64,
+}
+
 impl ExpertCache {
     /// Bytes of one slot.
     pub fn slot_bytes(&self) -> u64 {
@@ -42,6 +55,12 @@ impl ExpertCache {
 
     /// Takes up to `n` of the slots that hold experts (the last ones) for the K/V.
     pub fn take_slots(&mut self, n: usize) -> Result<SlotChange, ExpertError> {
+        self.take_slots_timed(n).map(|(change, _)| change)
+    }
+
+    /// [`ExpertCache::take_slots`], with the host time of its moves and table upload.
+    pub fn take_slots_timed(&mut self, n: usize) -> Result<(SlotChange, SlotTimes), ExpertError> {
+        let t0 = Instant::now();
         let usable = self.table.n_slots();
         let keep = usable - n.min(usable);
         let ne = self.layout.n_expert as usize;
@@ -72,10 +91,16 @@ impl ExpertCache {
             self.move_expert(from, slot, expert)?;
             moved += 1;
         }
+        let t1 = Instant::now();
         self.publish()?;
-        // The K/V may use the slots' memory only once no kernel can reach them.
-        self.dev.record(self.copy)?.wait()?;
-        Ok(self.change(usable - keep, moved))
+        // No host wait: the K/V does not write the taken slots (it has buffers of its own),
+        // and every kernel that reads the slots or the table is ordered after the moves and
+        // the upload by core.
+        let times = SlotTimes {
+            copies_s: (t1 - t0).as_secs_f64(),
+            publish_s: t1.elapsed().as_secs_f64(),
+        };
+        Ok((self.change(usable - keep, moved), times))
     }
 
     /// Returns `n` of the slots the K/V took (one context's: several contexts may hold
@@ -89,14 +114,31 @@ impl ExpertCache {
         n: usize,
         upload: &mut TableUpload<'_>,
     ) -> Result<SlotChange, ExpertError> {
+        self.return_slots_timed(n, upload).map(|(change, _)| change)
+    }
+
+    /// [`ExpertCache::return_slots_with`], with the host time of its refills and table
+    /// upload. Nothing is waited for: the next step's kernels wait for the refills and the
+    /// table on the device.
+    pub fn return_slots_timed(
+        &mut self,
+        n: usize,
+        upload: &mut TableUpload<'_>,
+    ) -> Result<(SlotChange, SlotTimes), ExpertError> {
+        let t0 = Instant::now();
         let returned = n.min(self.slots_taken());
         self.table.set_usable(self.table.n_slots() + returned);
         let filled = self.fill_free_slots(REFILL_AT_TRIM)?;
         self.refill_pending = filled == REFILL_AT_TRIM;
+        let t1 = Instant::now();
         if self.table.publish_with(&self.dev, self.copy, upload)? {
             self.stats.bytes_fill += self.table.table_bytes();
         }
-        Ok(self.change(returned, filled))
+        let times = SlotTimes {
+            copies_s: (t1 - t0).as_secs_f64(),
+            publish_s: t1.elapsed().as_secs_f64(),
+        };
+        Ok((self.change(returned, filled), times))
     }
 
     /// Fills up to `most` free slots with the hottest experts not resident, publishing the
@@ -142,13 +184,6 @@ impl ExpertCache {
             .copy_range(&self.slots, to * sb, &self.slots, from * sb, sb, self.copy)?;
         self.table.assign(to, layer, e);
         self.stats.slot_fills += 1;
-        Ok(())
-    }
-
-    /// Waits until the slot fills and table uploads queued so far have landed (so a
-    /// trim's measured time is the stall it causes: the next step waits for them too).
-    pub fn wait_copies(&self) -> Result<(), ExpertError> {
-        self.dev.record(self.copy)?.wait()?;
         Ok(())
     }
 
