@@ -478,6 +478,7 @@ impl Context {
             experts,
             resident,
             total,
+            ..
         }) = change
         {
             line += &format!(
@@ -539,12 +540,13 @@ impl Context {
         if let Some(SlotChange {
             slots,
             experts,
+            in_place,
             resident,
             total,
         }) = change
         {
             line += &format!(
-                "; {slots} slots returned to the expert cache, {experts} refilled from the profile ({resident} of {total} slots hold experts)"
+                "; {slots} slots returned to the expert cache, {experts} refilled from the profile ({in_place} of them still in their slots, not copied; {resident} of {total} slots hold experts)"
             );
         }
         self.log_kv_change(line, change, ph, t0, false);
