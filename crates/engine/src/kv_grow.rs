@@ -121,11 +121,11 @@ pub struct KvGrowStats {
 /// them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KvPhases {
-    /// Free-memory queries, and, when the first says too little, collecting what the
-    /// device has finished with.
+    /// Free-memory queries.
     pub room_s: f64,
-    /// Host waits for the context's stream: only when memory is short (before that
-    /// collection, and a trim that must free the old K/V before allocating the new one).
+    /// Host waits: only when memory is short (for every stream, then collecting what the
+    /// device has finished with, when the first query says too little; for the context's
+    /// stream in a trim that must free the old K/V before allocating the new one).
     pub wait_s: f64,
     /// The expert cache's part: choosing the slots, queuing the copies (moves of the
     /// displaced experts on a grow, refills from the mapped file on a trim: their host
@@ -361,20 +361,17 @@ impl Context {
     }
 
     /// Device bytes a new K/V may take: free memory less the reserve. With `release`,
-    /// first lets the device free the buffers it has finished with (an earlier trim's old
-    /// K/V is freed only once its copies are done, and only when core next looks).
+    /// first lets the device free every buffer it is done with: it waits for every stream,
+    /// since an old K/V (this context's or another's) is freed only once the row copies on
+    /// its context's stream are done, and no grow or trim waits for those.
     fn kv_room(&self, reserve: u64, release: bool, ph: &mut KvPhases) -> Result<(u64, u64)> {
         if release {
             let t = Instant::now();
-            self.dev.record(self.stream)?.wait()?;
+            // Also collects what the device has finished with.
+            self.dev.synchronize()?;
             ph.wait_s += since(t);
         }
         let t = Instant::now();
-        if release {
-            // An allocation collects what the device has finished with; a byte is the
-            // least one.
-            drop(self.dev.alloc::<u8>(0)?);
-        }
         let free = self.dev.memory()?.free as u64;
         ph.room_s += since(t);
         Ok((free, free.saturating_sub(reserve)))
