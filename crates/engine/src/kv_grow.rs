@@ -343,7 +343,13 @@ impl Context {
         self.drop_graphs();
         ph.graphs_s += since(t);
         let t = Instant::now();
-        let none = KvCache::with_format(&self.dev, &self.model, 0, self.kv.format)?;
+        // A placeholder with no buffers (not 2 x layers one-element allocations).
+        let none = KvCache {
+            format: self.kv.format,
+            k: Vec::new(),
+            v: Vec::new(),
+            n_ctx: 0,
+        };
         drop(std::mem::replace(&mut self.kv, none));
         ph.free_s += since(t);
         // The old buffers are freed once the stream is past their last use, when core

@@ -146,6 +146,11 @@ impl KvCache {
         keep: usize,
         stream: Stream,
     ) -> Result<()> {
+        let keep = keep.min(self.n_ctx as usize).min(src.n_ctx as usize);
+        let words = keep * src.row_words();
+        if words == 0 {
+            return Ok(());
+        }
         if src.format != self.format || src.k.len() != self.k.len() {
             return Err(ModelError::BadHParams(format!(
                 "K/V rows copied from a {} cache of {} layers into a {} cache of {}",
@@ -155,12 +160,8 @@ impl KvCache {
                 self.k.len()
             )));
         }
-        let keep = keep.min(self.n_ctx as usize).min(src.n_ctx as usize);
-        let words = keep * src.row_words();
-        if words > 0 {
-            for (s, d) in src.k.iter().chain(&src.v).zip(self.k.iter().chain(&self.v)) {
-                dev.copy_range(d, 0, s, 0, words, stream)?;
-            }
+        for (s, d) in src.k.iter().chain(&src.v).zip(self.k.iter().chain(&self.v)) {
+            dev.copy_range(d, 0, s, 0, words, stream)?;
         }
         Ok(())
     }
