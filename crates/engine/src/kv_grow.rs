@@ -145,6 +145,11 @@ pub struct KvPhases {
     pub free_s: f64,
     /// The whole grow or trim.
     pub total_s: f64,
+    /// Device work it queued and did not wait for, in bytes: the held rows' copies, and
+    /// the expert copies (moves on a grow, uploads of refills on a trim). The next step's
+    /// kernels that read what they write wait for them on the device.
+    pub queued_row_bytes: u64,
+    pub queued_slot_bytes: u64,
 }
 
 impl KvPhases {
@@ -160,11 +165,11 @@ impl KvPhases {
             + self.free_s
     }
 
-    /// The breakdown as the log line prints it, in ms.
+    /// The breakdown as the log line prints it, in ms, then the device work queued.
     fn describe(&self) -> String {
         let ms = |s: f64| 1e3 * s;
         format!(
-            "room {:.2}, wait {:.2}, slots {:.2} (copies {:.2}, table {:.2}), alloc {:.2}, copy {:.2}, graphs {:.2}, free {:.2}, other {:.2}",
+            "room {:.2}, wait {:.2}, slots {:.2} (copies {:.2}, table {:.2}), alloc {:.2}, copy {:.2}, graphs {:.2}, free {:.2}, other {:.2} ms; queued on the device, not waited for: {} of rows, {} of expert copies",
             ms(self.room_s),
             ms(self.wait_s),
             ms(self.slots_s),
@@ -175,6 +180,8 @@ impl KvPhases {
             ms(self.graphs_s),
             ms(self.free_s),
             ms((self.total_s - self.sum_s()).max(0.0)),
+            size(self.queued_row_bytes),
+            size(self.queued_slot_bytes),
         )
     }
 }
@@ -324,6 +331,7 @@ impl Context {
         let t = Instant::now();
         kv.copy_rows_from(&self.dev, &self.kv, keep, self.stream)?;
         ph.copy_s += since(t);
+        ph.queued_row_bytes += kv.format.bytes_for(&self.model, keep as u64);
         let old = std::mem::replace(&mut self.kv, kv);
         // A captured step reads the old buffers.
         let t = Instant::now();
@@ -439,6 +447,7 @@ impl Context {
                 ph.slots_s = since(t);
                 ph.slot_copies_s = times.copies_s;
                 ph.slot_table_s = times.publish_s;
+                ph.queued_slot_bytes = change.experts as u64 * c.slot_bytes();
                 Some(change)
             }
             None => None,
@@ -528,6 +537,8 @@ impl Context {
                 ph.slots_s = since(t);
                 ph.slot_copies_s = times.copies_s;
                 ph.slot_table_s = times.publish_s;
+                let uploaded = change.experts - change.in_place;
+                ph.queued_slot_bytes = uploaded as u64 * c.slot_bytes();
                 Some(change)
             }
             None => None,
@@ -587,7 +598,7 @@ impl Context {
         };
         let max = times.iter().copied().fold(0.0, f64::max);
         let line = format!(
-            "{line} in {:.2} ms ({} ms; {what} stall so far: median {:.2} ms, max {:.2} ms over {})",
+            "{line} in {:.2} ms ({}; {what} stall so far: median {:.2} ms, max {:.2} ms over {})",
             1e3 * secs,
             ph.describe(),
             1e3 * median(times),
