@@ -313,6 +313,9 @@ fn a_trim_refills_the_rest_between_steps() {
         .return_slots_with(40, &mut |d, b, h, s| d.upload(b, h, s))
         .unwrap();
     assert_eq!((back.slots, back.experts, back.resident), (40, 16, 24));
+    // The 16 hottest not resident are the first 16 taken (slots 8..24), whose bytes the
+    // lent slots still hold: none is uploaded again.
+    assert_eq!(back.in_place, 16);
     same_table(&c);
     // The 16 refilled at once are the hottest of those not resident.
     let resident: Vec<bool> = (0..48)

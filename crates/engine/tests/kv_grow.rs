@@ -14,7 +14,7 @@ use strata_backend_cpu::CpuOptions;
 use strata_core::Device;
 use strata_engine::Context;
 use strata_engine::experts::{ExpertCache, ExpertCacheOptions, SharedExpertCache};
-use strata_engine::kv_grow::KvGrowOptions;
+use strata_engine::kv_grow::{KvGrowOptions, KvGrowStats, KvPhases};
 use strata_engine::sampler::argmax;
 use strata_gguf::GgufFile;
 use strata_model::synth::{self, SynthSpec};
@@ -86,6 +86,42 @@ fn greedy(ctx: &mut Context, prompt: &[u32]) -> Vec<u32> {
     out
 }
 
+/// The breakdown of the latest grow and trim: its phases are disjoint stretches of the
+/// change, so none is negative, the expert cache's parts fit in its phase, they sum to at
+/// most the total, and the total is the stall the stats recorded.
+fn check_phases(stats: &KvGrowStats) {
+    let pairs = [
+        (stats.last_grow, stats.grow_s.back()),
+        (stats.last_trim, stats.trim_s.back()),
+    ];
+    for (phases, recorded) in pairs {
+        let Some(p): Option<KvPhases> = phases else {
+            continue;
+        };
+        let parts = [
+            p.room_s,
+            p.wait_s,
+            p.slots_s,
+            p.slot_copies_s,
+            p.slot_table_s,
+            p.alloc_s,
+            p.copy_s,
+            p.graphs_s,
+            p.free_s,
+        ];
+        assert!(parts.iter().all(|&x| x >= 0.0), "{p:?}");
+        assert!(
+            p.slot_copies_s + p.slot_table_s <= p.slots_s + 1e-9,
+            "{p:?}"
+        );
+        assert!(
+            p.sum_s() <= p.total_s + 1e-9,
+            "phases sum past the total: {p:?}"
+        );
+        assert_eq!(Some(&p.total_s), recorded, "{p:?}");
+    }
+}
+
 struct Outcome {
     replies: Vec<Vec<u32>>,
     grows: u32,
@@ -129,6 +165,9 @@ fn scenario(grow: bool) -> Outcome {
     if grow {
         assert_eq!(ctx.kv_cells(), 4096);
         assert_eq!(cache.lock().unwrap().slots_taken(), 0);
+        let stats = ctx.kv_grow_stats().unwrap();
+        assert!(stats.last_grow.is_some() && stats.last_trim.is_some());
+        check_phases(stats);
     }
     // (2) A new chat.
     ctx.truncate(0);
@@ -139,7 +178,13 @@ fn scenario(grow: bool) -> Outcome {
     let follow_up = tokens(8094 - parked.len(), 3);
     replies.push(greedy(&mut ctx, &follow_up));
     assert_eq!(ctx.tokens().len(), 8094 + REPLY);
+    if let Some(stats) = ctx.kv_grow_stats() {
+        check_phases(stats);
+    }
     ctx.trim_kv().unwrap();
+    if let Some(stats) = ctx.kv_grow_stats() {
+        check_phases(stats);
+    }
     // (4) Another new chat.
     ctx.truncate(0);
     replies.push(greedy(&mut ctx, &tokens(58, 4)));
@@ -187,6 +232,11 @@ fn the_issue_scenario_grows_and_trims_twice_with_the_same_replies() {
     assert_eq!((elastic.grows, elastic.trims), (2, 2));
     assert!(elastic.log[0].starts_with("K/V grown to 8192 cells"));
     assert!(elastic.log[0].contains("the expert cache gave"));
+    assert!(
+        elastic.log[0].contains(", alloc "),
+        "no breakdown: {}",
+        elastic.log[0]
+    );
     assert!(elastic.log[1].contains("slots returned to the expert cache"));
 }
 

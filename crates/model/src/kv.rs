@@ -135,25 +135,35 @@ impl KvCache {
             .map_or(0, |b| b.len() / (self.n_ctx as usize).max(1))
     }
 
-    /// A cache of `n_ctx` positions holding this one's first `keep` rows, copied on
-    /// `stream` by ordered device copies (K/V growth and trimming).
-    pub fn resized(
+    /// Copies the first `keep` rows of every layer of `src` (a cache of the same format and
+    /// model, of any size) into this one, on `stream` by ordered device copies: K/V growth
+    /// and trimming, which allocate the new cache first (`with_format`) and time the two
+    /// apart.
+    pub fn copy_rows_from(
         &self,
         dev: &Device,
-        model: &Model,
-        n_ctx: u32,
+        src: &KvCache,
         keep: usize,
         stream: Stream,
-    ) -> Result<Self> {
-        let keep = keep.min(n_ctx as usize).min(self.n_ctx as usize);
-        let out = KvCache::with_format(dev, model, n_ctx, self.format)?;
-        let words = keep * self.row_words();
-        if words > 0 {
-            for (src, dst) in self.k.iter().chain(&self.v).zip(out.k.iter().chain(&out.v)) {
-                dev.copy_range(dst, 0, src, 0, words, stream)?;
-            }
+    ) -> Result<()> {
+        let keep = keep.min(self.n_ctx as usize).min(src.n_ctx as usize);
+        let words = keep * src.row_words();
+        if words == 0 {
+            return Ok(());
         }
-        Ok(out)
+        if src.format != self.format || src.k.len() != self.k.len() {
+            return Err(ModelError::BadHParams(format!(
+                "K/V rows copied from a {} cache of {} layers into a {} cache of {}",
+                src.format,
+                src.k.len(),
+                self.format,
+                self.k.len()
+            )));
+        }
+        for (s, d) in src.k.iter().chain(&src.v).zip(self.k.iter().chain(&self.v)) {
+            dev.copy_range(d, 0, s, 0, words, stream)?;
+        }
+        Ok(())
     }
 
     /// Stores the `n` rows `k` and `v` (at the positions in `pos`) into layer `il`.

@@ -74,6 +74,10 @@ pub struct ExpertCache {
     prefetched: Option<(usize, usize, Vec<bool>)>,
     /// Slots a trim returned that are still to be refilled, a batch per step.
     refill_pending: bool,
+    /// The expert whose bytes each slot holds (its last fill or move), whether or not the
+    /// table names it: a slot lent to the K/V keeps them, so a refill can name it again
+    /// without a copy (kv_slots.rs). Every write into `slots` must set it.
+    held: Vec<Option<(usize, u32)>>,
     counts: Vec<u64>,
     stats: ExpertStats,
     opts: ExpertCacheOptions,
@@ -144,6 +148,7 @@ impl ExpertCache {
             last_set: 0,
             prefetched: None,
             refill_pending: false,
+            held: vec![None; opts.slots],
             counts: vec![0; nl * ne],
             stats: ExpertStats {
                 bytes_fill: (nl * ne * 4) as u64,
@@ -205,6 +210,7 @@ impl ExpertCache {
                 pending += bytes.len();
             }
             self.table.assign(slot, layer, e);
+            self.held[slot] = Some((layer, e));
             self.stats.slot_fills += 1;
             if pending >= BATCH || i + 1 == fills.len() {
                 self.dev.upload_ranges(&self.slots, &pieces, self.copy)?;
