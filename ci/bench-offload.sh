@@ -14,7 +14,8 @@
 #   STRATA=target/release/strata LLAMA_BIN=/path/to/llama.cpp/build/bin ci/bench-offload.sh
 #
 # Env: MODEL_DIR (default /tmp/strata-bench), OUT (default $MODEL_DIR/out-offload), REPS
-# (default 3), THREADS (CPU threads for both engines, default: physical cores), SKEW.
+# (default 3), THREADS (CPU threads for both engines, default: physical cores), SKEW,
+# CONFIGS (the "slots n-cpu-moe" pairs to run, default "1536:34 3072:22 0:48").
 # Each run's peak device memory (nvidia-smi's memory.used polled every 100 ms, less what was
 # in use before the run) is reported for both engines: the issue matches them within 5%.
 set -euo pipefail
@@ -59,9 +60,9 @@ peak_vram() {
   sort -n "$file.samples" | tail -1 | awk -v idle="$idle" '{print $1 - idle}' > "$file"
   return $rc
 }
-for cfg in "1536 34" "3072 22" "0 48"; do
-  set -- $cfg
-  slots=$1 ncpu=$2
+CONFIGS=${CONFIGS:-1536:34 3072:22 0:48}
+for cfg in $CONFIGS; do
+  slots=${cfg%%:*} ncpu=${cfg##*:}
   echo "== strata --expert-cache $slots" >&2
   peak_vram "$OUT/vram-strata-$slots.txt" \
     "$STRATA" bench -m "$f" --backend cuda --expert-cache "$slots" --profile "$OUT/profile.json" \
@@ -73,12 +74,13 @@ for cfg in "1536 34" "3072 22" "0 48"; do
     "$LLAMA_BIN/llama-bench" -m "$f" -ngl 99 -fa 1 --n-cpu-moe "$ncpu" -t "$THREADS" \
     -p 512 -n 64 -r "$REPS" -o json > "$OUT/llama-$ncpu.json"
 done
-python3 - "$OUT" <<'PY'
+python3 - "$OUT" "$CONFIGS" <<'PY'
 import json, re, sys
 out = sys.argv[1]
+configs = [tuple(int(x) for x in c.split(":")) for c in sys.argv[2].split()]
 print("| strata cache | llama.cpp --n-cpu-moe | test | llama.cpp tok/s | strata tok/s | ratio | decode hit rate | peak VRAM MiB llama.cpp / strata |")
 print("|---:|---:|---|---:|---:|---:|---|---|")
-for slots, ncpu in [(1536, 34), (3072, 22), (0, 48)]:
+for slots, ncpu in configs:
     s = json.load(open(f"{out}/strata-{slots}.json"))
     l = json.load(open(f"{out}/llama-{ncpu}.json"))
     log = open(f"{out}/strata-{slots}.log").read()
