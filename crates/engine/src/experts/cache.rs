@@ -395,6 +395,30 @@ impl ExpertCache {
                 Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?)
             }
         };
+        // The pool starts as soon as it has its activations, before the device's expert
+        // kernels are queued: their launches (tens of microseconds of host time a layer)
+        // then overlap the pool's work instead of delaying its start.
+        let pool = match xn {
+            None => None,
+            Some(xn) => {
+                let t_wait = Instant::now();
+                let xn = xn.wait()?;
+                let waited = t_wait.elapsed().as_secs_f64();
+                self.stats.activation_wait_seconds += waited;
+                if n == 1 {
+                    self.stats.decode.activation_wait_seconds += waited;
+                }
+                // The pool's time starts once it has its activations (the wait above is
+                // the device's part of the layer and the download).
+                let t0 = Instant::now();
+                let pending = self.pool.start(il, &xn, &cpu_tok, &cpu_ids)?;
+                // The row map is known already: its upload need not follow the pool's.
+                let xfer = self.xfer;
+                let (_, rows) = self.split_buffers(pairs, cpu_ids.len())?;
+                dev.upload(rows, &host_row, xfer)?;
+                Some((t0, pending))
+            }
+        };
         let table = self.table.device();
         let sb = self.layout.slot_bytes;
         let (gate, up, down) = (io.gate, io.up, io.down);
@@ -446,7 +470,7 @@ impl ExpertCache {
                 true,
             )?;
         }
-        let Some(xn) = xn else {
+        let Some((t0, pending)) = pool else {
             ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
             return Ok(());
         };
@@ -455,17 +479,6 @@ impl ExpertCache {
         } else {
             None
         };
-        let t_wait = Instant::now();
-        let xn = xn.wait()?;
-        let waited = t_wait.elapsed().as_secs_f64();
-        self.stats.activation_wait_seconds += waited;
-        if n == 1 {
-            self.stats.decode.activation_wait_seconds += waited;
-        }
-        // The pool's time starts once it has its activations (the wait above is the
-        // device's part of the layer and the download).
-        let t0 = Instant::now();
-        let pending = self.pool.start(il, &xn, &cpu_tok, &cpu_ids)?;
         // Both sides work until the first finishes: poll the device while the pool runs.
         let mut device_end = None;
         if let Some(ev) = &device_done {
@@ -497,7 +510,6 @@ impl ExpertCache {
         let xfer = self.xfer;
         let (y_host, rows) = self.split_buffers(pairs, cpu_ids.len())?;
         dev.upload(y_host, &y, xfer)?;
-        dev.upload(rows, &host_row, xfer)?;
         ops.moe_combine_split(
             io.moe_y,
             y_host,
