@@ -50,6 +50,77 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
     }
 }
 
+// mul_mat_experts_cached for launches of more than MOE_GROUP_MIN_TOKENS tokens (verify
+// windows, short reads): the pairs grouped by expert as mul_mat_experts groups them, so a
+// resident expert's rows are decoded once per tile of its pairs, not once per pair (the
+// tokens of a window share many of their experts). A row's arithmetic is the per-pair
+// kernel's (matmul.cuh's tile computes each of its rows as the one-row unit does), so it
+// does not depend on the window. Ids at or past n_expert give NaN rows, as above;
+// experts with no slot are left to the CPU pool. The CUDA backend's variant of
+// mul_mat_experts_cached (variants.rs).
+extern "C" __global__ void __launch_bounds__(256, 2) mul_mat_experts_cached_grouped(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
+    pdl_begin();
+    __shared__ MmShared sh;
+    __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
+    __shared__ uint32_t tile_x[MM_TOKENS], tile_y[MM_TOKENS];
+    __shared__ int tile_n;
+    __shared__ uint64_t tile_next;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
+        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
+        return;
+    }
+    const uint32_t rows = mm_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    const ExpertRanks ranks = expert_ranks(ids, pairs, present);
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u;
+    u.row_bytes = mm_row_bytes(type, k);
+    u.x = x;
+    u.x_stride = k;
+    u.y = y;
+    u.y_stride = m;
+    u.m = m;
+    u.k = k;
+    u.x_rows = tile_x;
+    u.y_rows = tile_y;
+    for (uint64_t un = blockIdx.x; un < ranks.count * groups; un += gridDim.x) {
+        const int e = expert_of_rank(present, ranks, (int)(un / groups));
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        // Block-uniform: every thread sees the same expert and table entry.
+        const bool valid = e >= 0 && (uint32_t)e < n_expert;
+        const int32_t s = valid ? table[e] : -1;
+        if (valid && s < 0) continue;  // the CPU pool computes this expert's pairs
+        u.w = slots + (uint64_t)(s < 0 ? 0 : s) * slot_bytes + matrix_offset;
+        u.r0 = r0;
+        // The expert's pairs, a tile of up to MM_TOKENS at a time, in slot order.
+        uint64_t s0 = 0;
+        while (true) {
+            __syncthreads();  // the previous tile is done with tile_x/tile_y
+            collect_expert_pairs(ids, pairs, e, n_used, x_per_slot, MM_TOKENS, s0, tile_x, tile_y,
+                                 &tile_n, &tile_next);
+            __syncthreads();
+            const int n = tile_n;
+            s0 = tile_next;
+            if (n == 0) break;
+            if (!valid) {
+                for (int i = 0; i < n; i++)
+                    for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                        y[(uint64_t)tile_y[i] * m + r] = nan_f32();
+            } else {
+                u.tn = n;
+                u.act_key = 0;
+                staged = ~(uint64_t)0;  // each tile quantises its own rows
+                mm_unit(sh, type, u, staged);
+            }
+            if (s0 >= pairs) break;
+        }
+    }
+}
+
 // out[t] = Σ_j weights[t][j] · y'[t][j], y' the pool's row host_row[t][j] of y_host when
 // that is >= 0, else y[t][j]; in slot order, the first slot assigned (as moe_combine).
 extern "C" __global__ void moe_combine_split(const float* y, const float* y_host,

@@ -8,13 +8,14 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq|cached [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
 #define MMQ_WINDOW 64
 #include "model.cu"
 #include "fused.cu"
+#include "experts.cu"
 #include <random>
 #include <string>
 #include <functional>
@@ -747,6 +748,7 @@ static void test_qkv_rope() {
 }
 
 #include "test_mmq.h"
+#include "test_cached.h"
 
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
@@ -766,6 +768,7 @@ int main(int argc, char** argv) {
     if (only == "fused" || only == "products" || only == "qkv_rope") test_qkv_rope();
     if (only == "mma") test_mma();
     if (only == "mmq") test_mmq();
+    if (only == "cached") test_cached_grouped();
     printf("%d failed\n", fails);
     return fails != 0;
 }

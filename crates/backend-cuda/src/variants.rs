@@ -45,6 +45,10 @@ const MMA_MIN_TOKENS: u32 = 16;
 /// routed expert, with 8 of 128 experts per token).
 const MMA_EXPERTS_MIN_TOKENS: u32 = 64;
 
+/// Tokens above which expert products group their pairs by expert (kernels-cuda/
+/// slot_units.cuh MOE_GROUP_MIN_TOKENS).
+const MOE_GROUP_MIN_TOKENS: u32 = 2;
+
 /// Slots the grouped expert kernel lists at once (kernels-cuda/model.cu MMA_LIST_MAX).
 const MMA_LIST_MAX: u64 = 8192;
 
@@ -225,6 +229,31 @@ pub(crate) const VARIANTS: &[Variant] = &[
         large_smem: true,
         grid: None,
     },
+    // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
+    // x_per_slot, n_expert, ...): a window's pairs grouped by expert (experts.cu), each
+    // resident expert's rows decoded once per tile of its pairs.
+    Variant {
+        of: KernelId::MulMatExpertsCached,
+        func: "mul_mat_experts_cached_grouped",
+        applies: |a, _| {
+            u32_arg(a, 8)
+                .is_some_and(|n| n > MOE_GROUP_MIN_TOKENS)
+                .then_some(0)
+        },
+        large_smem: false,
+        // A unit per (routed expert, 16 rows), not per (pair, 16 rows).
+        grid: Some(|a, block_threads| {
+            let (m, n, used, n_expert) = (
+                u32_arg(a, 6)?,
+                u32_arg(a, 8)?,
+                u32_arg(a, 9)?,
+                u32_arg(a, 11)?,
+            );
+            let rows = (block_threads / 32).clamp(1, 8) * 2;
+            let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
+            ranks.checked_mul(m.div_ceil(rows))
+        }),
+    },
     // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
     Variant {
         of: KernelId::Attention,
@@ -273,6 +302,35 @@ mod tests {
         let mut f16 = mul_mat(64);
         f16[3] = KernelArg::U32(1);
         assert!((mma.applies)(&f16, 232_448).is_none());
+    }
+
+    #[test]
+    fn cached_experts_group_windows_only() {
+        let buf = KernelArg::Buffer {
+            buf: RawBuffer(0x1000),
+            offset: 0,
+            access: Access::Read,
+        };
+        // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
+        let cached = |n: u32, used: u32, n_expert: u32| {
+            let mut a = vec![buf; 5];
+            a.extend([12, 768, 2048, n, used, 0, n_expert].map(KernelArg::U32));
+            a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+            a
+        };
+        let v = VARIANTS
+            .iter()
+            .find(|v| v.func == "mul_mat_experts_cached_grouped")
+            .unwrap();
+        assert_eq!(v.of, KernelId::MulMatExpertsCached);
+        assert!((v.applies)(&cached(1, 8, 128), 0).is_none());
+        assert!((v.applies)(&cached(2, 8, 128), 0).is_none());
+        assert_eq!((v.applies)(&cached(5, 8, 128), 0), Some(0));
+        let grid = v.grid.unwrap();
+        // 40 pairs over at most 40 experts, 48 units of 16 rows each.
+        assert_eq!(grid(&cached(5, 8, 128), 256), Some(40 * 48));
+        // 512 pairs, but 128 experts and the invalid-id rank.
+        assert_eq!(grid(&cached(64, 8, 128), 256), Some(129 * 48));
     }
 
     #[test]

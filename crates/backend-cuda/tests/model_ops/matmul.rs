@@ -376,6 +376,118 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
     rep.finish();
 }
 
+/// The expert cache's product on the device (mul_mat_experts_cached: one token per unit,
+/// and its grouped variant for windows) against the device's uncached mul_mat_experts, bit
+/// for bit on the resident pairs; the pool's pairs are left untouched; each token of a
+/// window alone gives its rows bit for bit (a verify window must not change a row).
+#[test]
+fn mul_mat_experts_cached_equals_the_uncached_kernel() {
+    let Some(p) = pair("mul_mat_experts_cached_equals_the_uncached_kernel") else {
+        return;
+    };
+    let d = &p.gpu;
+    let mut rep = Report::default();
+    let mut rng = Rng::new(23);
+    let (n_expert, m, k, n_used) = (6usize, 48usize, 512usize, 3usize);
+    // Experts 0, 2, 4 and 5 in slots 2, 0, 3 and 1; 1 and 3 on the CPU pool.
+    let table: [i32; 6] = [2, -1, 0, -1, 3, 1];
+    let offset = 64usize;
+    for ty in [
+        QuantType::Q4_K,
+        QuantType::Q6_K,
+        QuantType::Q8_0,
+        QuantType::IQ2_XS,
+        QuantType::F16,
+    ] {
+        let matrix = ty.row_bytes(k).unwrap() * m;
+        let expert_bytes = matrix + 32;
+        let slot_bytes = offset + matrix + 16;
+        let experts: Vec<Vec<u8>> = (0..n_expert)
+            .map(|_| random_weights(ty, m, k, &mut rng))
+            .collect();
+        let mut w = Vec::new();
+        for e in &experts {
+            w.extend(e);
+            w.extend(std::iter::repeat_n(0xEEu8, 32));
+        }
+        let mut slots = vec![0xABu8; 4 * slot_bytes];
+        for (e, &s) in table.iter().enumerate() {
+            if s >= 0 {
+                let at = s as usize * slot_bytes + offset;
+                slots[at..at + matrix].copy_from_slice(&experts[e]);
+            }
+        }
+        let (bw, bslots, btable) = (upload(d, &w), upload(d, &slots), upload(d, &table));
+        for n_tokens in [1usize, 3, 5, 9] {
+            let ids: Vec<i32> = (0..n_tokens * n_used)
+                .map(|_| rng.below(n_expert) as i32)
+                .collect();
+            let x = activations(&mut rng, n_tokens, k);
+            let uncached = |x: &[f32], ids: &[i32], n: usize| {
+                let (bx, bi) = (upload(d, x), upload(d, ids));
+                let by = d.alloc::<f32>(n * n_used * m).unwrap();
+                let args = Args::new()
+                    .read(&bw)
+                    .read(&bx)
+                    .read(&bi)
+                    .write(&by)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(n as u32)
+                    .u32(n_used as u32)
+                    .u32(0)
+                    .u64(expert_bytes as u64);
+                launch(d, KernelId::MulMatExperts, &ops_cfg(n * n_used * m), &args);
+                download(d, &by)
+            };
+            let cached = |x: &[f32], ids: &[i32], n: usize| {
+                let (bx, bi) = (upload(d, x), upload(d, ids));
+                let by = upload(d, &vec![-7.0f32; n * n_used * m]);
+                let args = Args::new()
+                    .read(&bslots)
+                    .read(&btable)
+                    .read(&bx)
+                    .read(&bi)
+                    .write(&by)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(n as u32)
+                    .u32(n_used as u32)
+                    .u32(0)
+                    .u32(n_expert as u32)
+                    .u64(slot_bytes as u64)
+                    .u64(offset as u64);
+                // ops.rs's shape: a 256-thread block per 16 rows of a pair.
+                let cfg = LaunchCfg::linear(n * n_used * m.div_ceil(16) * 256, 256);
+                launch(d, KernelId::MulMatExpertsCached, &cfg, &args);
+                download(d, &by)
+            };
+            let want = uncached(&x, &ids, n_tokens);
+            let got = cached(&x, &ids, n_tokens);
+            // Resident pairs as the uncached kernel; the pool's pairs untouched.
+            let expect: Vec<f32> = want
+                .chunks(m)
+                .zip(&ids)
+                .flat_map(|(row, &e)| {
+                    let resident = table[e as usize] >= 0;
+                    row.iter().map(move |&v| if resident { v } else { -7.0 })
+                })
+                .collect();
+            let what = format!("mul_mat_experts_cached {ty:?} tokens {n_tokens}");
+            rep.exact(&what, &got, &expect);
+            for t in [0, n_tokens - 1] {
+                let pairs = t * n_used..(t + 1) * n_used;
+                let alone = cached(&x[t * k..(t + 1) * k], &ids[pairs.clone()], 1);
+                let rows = pairs.start * m..pairs.end * m;
+                rep.exact(&format!("{what} token {t} alone"), &alone, &got[rows]);
+            }
+        }
+    }
+    rep.finish();
+}
+
 #[test]
 fn embed_rows_is_bit_exact_for_every_format() {
     let Some(p) = pair("embed_rows_is_bit_exact_for_every_format") else {
