@@ -2,10 +2,11 @@
 //! new rows into it and attend over it (crates/core/kernels.txt: kv_store and attention
 //! for f16, kv_store_q8 and attention_q8 for int8).
 //!
-//! Both formats keep a layer's K (and V) as one u16 buffer of `n_ctx` rows: an f16 row is
-//! `kv_dim` halves; an int8 row is `kv_dim / 32` q8_0 blocks of 17 u16 (an f16 scale and
-//! 32 int8 values), ggml's block layout, so llama.cpp's `-ctk q8_0 -ctv q8_0` is the
-//! memory anchor (34 bytes per 32 values, 53% of f16).
+//! Both formats keep a layer's K (and V) as `n_ctx` u16 rows, every layer's K in one buffer
+//! and every layer's V in another: an f16 row is `kv_dim` halves; an int8 row is
+//! `kv_dim / 32` q8_0 blocks of 17 u16 (an f16 scale and 32 int8 values), ggml's block
+//! layout, so llama.cpp's `-ctk q8_0 -ctv q8_0` is the memory anchor (34 bytes per 32
+//! values, 53% of f16).
 
 use strata_core::{Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Stream};
 
@@ -79,7 +80,8 @@ impl KvFormat {
         Ok(())
     }
 
-    /// Device bytes of the K and V of `model` for `n_ctx` positions.
+    /// Device bytes of the K and V of `model` for `n_ctx` positions (linear in `n_ctx`:
+    /// without the under 256 bytes a layer's rows may be padded by in a [`KvCache`]).
     pub fn bytes_for(self, model: &Model, n_ctx: u64) -> u64 {
         let row = self.row_words(model.hp.kv_dim() as usize) as u64 * 2;
         2 * model.hp.n_layer as u64 * row * n_ctx
