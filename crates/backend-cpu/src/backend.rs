@@ -206,17 +206,22 @@ impl Shared {
                     KernelArg::Buffer {
                         buf,
                         offset,
+                        bytes,
                         access,
                     } => {
                         let i = buffers.iter().position(|(b, _)| b.id == buf.0).unwrap_or(0);
                         let (ptr, len) = ptrs[i];
-                        if offset > len {
-                            return Err(format!("buffer offset {offset} past its end ({len})"));
+                        if offset.checked_add(bytes).is_none_or(|end| end > len) {
+                            return Err(format!(
+                                "buffer region of {bytes} bytes at offset {offset} past its end ({len})"
+                            ));
                         }
+                        // The kernel sees the argument's bytes only (a region's, not the rest
+                        // of its buffer), so it cannot reach past them.
                         ArgSlot::Buffer {
-                            // SAFETY: offset <= len, inside the allocation.
+                            // SAFETY: offset + bytes <= len, inside the allocation.
                             ptr: unsafe { ptr.add(offset) },
-                            len: len - offset,
+                            len: bytes,
                             writable: access.writes(),
                         }
                     }

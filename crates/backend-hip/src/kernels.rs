@@ -433,6 +433,7 @@ mod tests {
             KernelArg::Buffer {
                 buf: RawBuffer(0x7000_0000_0000),
                 offset: 64,
+                bytes: 0,
                 access: Access::Read,
             },
             KernelArg::U32(0xdead_beef),
@@ -460,12 +461,14 @@ mod tests {
         let overflow = KernelArg::Buffer {
             buf: RawBuffer(u64::MAX),
             offset: 1,
+            bytes: 0,
             access: Access::Read,
         };
         assert!(pack(&[overflow], &mut slots).is_err());
         let buf = KernelArg::Buffer {
             buf: RawBuffer(0x1000),
             offset: 0,
+            bytes: 0,
             access: Access::Write,
         };
         let sig = [8, 4, 4];

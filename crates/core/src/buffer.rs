@@ -133,12 +133,80 @@ impl<T: bytemuck::Pod> DeviceBuffer<T> {
             }),
         }
     }
+
+    /// Elements `offset..offset + len` as one kernel argument (see [`DeviceSlice`]);
+    /// refused when the region does not lie inside the buffer.
+    #[track_caller]
+    pub fn slice(&self, offset: usize, len: usize) -> Result<DeviceSlice<'_, T>> {
+        self.check_range("slice", offset, len, std::panic::Location::caller())?;
+        Ok(DeviceSlice {
+            buf: self,
+            offset,
+            len,
+        })
+    }
+}
+
+/// A region of a device buffer (elements `offset..offset + len`) passed to a kernel as
+/// if it were a buffer of its own: the kernel gets the region's start, and the CPU backend
+/// hands its kernels only the region's elements, so a kernel touching memory past it fails
+/// there (and under the sanitizer) as one overrunning a buffer would. Ordering still
+/// tracks the whole buffer: a launch on a region waits for, and stamps, every access to
+/// the buffer, which costs nothing when a buffer's regions are all used on one stream.
+pub struct DeviceSlice<'a, T> {
+    buf: &'a DeviceBuffer<T>,
+    offset: usize,
+    len: usize,
+}
+
+impl<T> Clone for DeviceSlice<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DeviceSlice<'_, T> {}
+
+impl<T> std::fmt::Debug for DeviceSlice<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}[{}..+{}]", self.buf, self.offset, self.len)
+    }
+}
+
+impl<'a, T> DeviceSlice<'a, T> {
+    /// The buffer the region lies in.
+    pub fn buffer(&self) -> &'a DeviceBuffer<T> {
+        self.buf
+    }
+    /// The region's first element in the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// The whole buffer as a region.
+impl<'a, T> From<&'a DeviceBuffer<T>> for DeviceSlice<'a, T> {
+    fn from(buf: &'a DeviceBuffer<T>) -> Self {
+        DeviceSlice {
+            buf,
+            offset: 0,
+            len: buf.len,
+        }
+    }
 }
 
 enum ArgItem<'a> {
     Buffer {
         state: &'a Arc<BufferState>,
         offset_bytes: usize,
+        /// Bytes from `offset_bytes` the kernel may touch.
+        bytes: usize,
         access: Access,
         in_bounds: bool,
     },
@@ -156,36 +224,49 @@ impl<'a> Args<'a> {
         Self::default()
     }
 
+    /// `b[offset..offset + len]`, or from `offset` to the end with `len` `None`.
     fn buffer<T: bytemuck::Pod>(
         mut self,
         b: &'a DeviceBuffer<T>,
         offset: usize,
+        len: Option<usize>,
         access: Access,
     ) -> Self {
+        let len = len.unwrap_or(b.len.saturating_sub(offset));
+        let size = std::mem::size_of::<T>();
         self.items.push(ArgItem::Buffer {
             state: &b.state,
-            offset_bytes: offset.saturating_mul(std::mem::size_of::<T>()),
+            offset_bytes: offset.saturating_mul(size),
+            bytes: len.saturating_mul(size),
             access,
-            in_bounds: offset <= b.len,
+            in_bounds: offset.checked_add(len).is_some_and(|end| end <= b.len),
         });
         self
     }
 
     pub fn read<T: bytemuck::Pod>(self, b: &'a DeviceBuffer<T>) -> Self {
-        self.buffer(b, 0, Access::Read)
+        self.buffer(b, 0, None, Access::Read)
     }
     pub fn write<T: bytemuck::Pod>(self, b: &'a DeviceBuffer<T>) -> Self {
-        self.buffer(b, 0, Access::Write)
+        self.buffer(b, 0, None, Access::Write)
     }
     pub fn read_write<T: bytemuck::Pod>(self, b: &'a DeviceBuffer<T>) -> Self {
-        self.buffer(b, 0, Access::ReadWrite)
+        self.buffer(b, 0, None, Access::ReadWrite)
     }
     /// `b` from element `offset` on (ordering still covers the whole buffer).
     pub fn read_at<T: bytemuck::Pod>(self, b: &'a DeviceBuffer<T>, offset: usize) -> Self {
-        self.buffer(b, offset, Access::Read)
+        self.buffer(b, offset, None, Access::Read)
     }
     pub fn write_at<T: bytemuck::Pod>(self, b: &'a DeviceBuffer<T>, offset: usize) -> Self {
-        self.buffer(b, offset, Access::Write)
+        self.buffer(b, offset, None, Access::Write)
+    }
+    /// A region read as if it were a buffer of its own (see [`DeviceSlice`]).
+    pub fn read_slice<T: bytemuck::Pod>(self, s: DeviceSlice<'a, T>) -> Self {
+        self.buffer(s.buf, s.offset, Some(s.len), Access::Read)
+    }
+    /// A region written as if it were a buffer of its own (see [`DeviceSlice`]).
+    pub fn write_slice<T: bytemuck::Pod>(self, s: DeviceSlice<'a, T>) -> Self {
+        self.buffer(s.buf, s.offset, Some(s.len), Access::Write)
     }
     pub fn u32(mut self, v: u32) -> Self {
         self.items.push(ArgItem::Scalar(KernelArg::U32(v)));
@@ -211,6 +292,7 @@ impl<'a> Args<'a> {
                 ArgItem::Buffer {
                     state,
                     offset_bytes,
+                    bytes,
                     access,
                     in_bounds,
                 } => {
@@ -225,11 +307,11 @@ impl<'a> Args<'a> {
                             op: "kernel argument",
                             site,
                             offset: *offset_bytes,
-                            elements: 0,
+                            elements: *bytes,
                             len: state.bytes,
                         });
                     }
-                    Ok(raw_buffer_arg(state, *offset_bytes, *access))
+                    Ok(raw_buffer_arg(state, *offset_bytes, *bytes, *access))
                 }
                 ArgItem::Scalar(k) => Ok(*k),
             })

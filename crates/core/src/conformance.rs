@@ -384,6 +384,45 @@ pub fn imported_host_memory_is_read_only(dev: &Device) -> Result<()> {
     dev.synchronize()
 }
 
+/// A kernel given a region of a buffer ([`crate::DeviceSlice`]) sees the region's start
+/// and writes inside it only; a region reaching past its buffer is refused.
+pub fn region_arguments_stay_in_their_region(dev: &Device) -> Result<()> {
+    let s = dev.main_stream();
+    let n = 1000;
+    let buf = dev.alloc::<u32>(3 * n)?;
+    dev.upload(&buf, &vec![1u32; 3 * n], s)?;
+    let middle = buf.slice(n, n)?;
+    dev.launch(
+        KernelId::FillU32,
+        &LaunchCfg::linear(n, BLOCK),
+        &Args::new().write_slice(middle).u32(n as u32).u32(7),
+        s,
+    )?;
+    // Read back through a region too: element i of the middle third, plus 1.
+    let out = dev.alloc::<u32>(n)?;
+    dev.launch(
+        KernelId::AddU32,
+        &LaunchCfg::linear(n, BLOCK),
+        &Args::new()
+            .read_slice(middle)
+            .write(&out)
+            .u32(n as u32)
+            .u32(1),
+        s,
+    )?;
+    let got = dev.download(&buf, s)?.wait()?;
+    expect_all(&got[..n], 1, "before a written region")?;
+    expect_all(&got[n..2 * n], 7, "a written region")?;
+    expect_all(&got[2 * n..], 1, "after a written region")?;
+    expect_all(&dev.download(&out, s)?.wait()?, 8, "read through a region")?;
+    if buf.slice(2 * n + 1, n).is_ok() || buf.slice(usize::MAX, 2).is_ok() {
+        return Err(Error::Capture(
+            "a region reaching past its buffer was accepted".into(),
+        ));
+    }
+    dev.synchronize()
+}
+
 /// DESIGN.md's experiment through the Device API: a 96 KiB int32 table uploaded on a copy
 /// stream, then a reader launched at once on another stream, `iterations` times, with a
 /// large upload queued on a third stream before each table copy when `loaded`. Returns how
@@ -457,6 +496,7 @@ macro_rules! conformance_tests {
             out_of_memory_is_an_error,
             imported_host_memory_is_read_only,
             table_experiment_through_device_api,
+            region_arguments_stay_in_their_region,
             int8_kv_cache
         );
     };

@@ -42,6 +42,8 @@ pub(crate) struct StreamState {
     /// Operations queued so far; the fence of the latest is `(index, seq)`.
     pub seq: u64,
     pub clock: Clock,
+    /// The latest deferred-release event (by `DeferredEvent::order`) seen complete.
+    pub released_upto: u64,
 }
 
 pub(crate) struct Capture {
@@ -62,7 +64,14 @@ pub(crate) enum Deferred {
 pub(crate) struct DeferredItem {
     pub what: Deferred,
     pub fences: Vec<Fence>,
-    pub events: Vec<RawEvent>,
+    pub events: Vec<DeferredEvent>,
+}
+
+/// An event recorded on `stream` for a deferred release, the `order`-th such record.
+pub(crate) struct DeferredEvent {
+    pub raw: RawEvent,
+    pub stream: u32,
+    pub order: u64,
 }
 
 pub(crate) struct Staging {
@@ -73,7 +82,10 @@ pub(crate) struct Staging {
 pub(crate) struct State {
     pub streams: Vec<StreamState>,
     pub capture: Option<Capture>,
+    /// In the order their events were recorded (see `Inner::collect`).
     pub deferred: Vec<DeferredItem>,
+    /// Deferred-release events recorded so far.
+    pub deferred_events: u64,
     pub staging: Vec<Staging>,
     pub reserved: usize,
     pub hazards: Vec<Hazard>,
@@ -114,9 +126,11 @@ impl Device {
                 raw,
                 seq: 0,
                 clock: Clock::default(),
+                released_upto: 0,
             }],
             capture: None,
             deferred: Vec::new(),
+            deferred_events: 0,
             staging: Vec::new(),
             reserved: 0,
             hazards: Vec::new(),
@@ -156,6 +170,7 @@ impl Device {
             raw,
             seq: 0,
             clock: Clock::default(),
+            released_upto: 0,
         });
         Ok(Stream {
             index: (st.streams.len() - 1) as u32,
@@ -520,22 +535,35 @@ impl Inner {
         fence
     }
 
-    /// Releases what the device has finished with.
+    /// Releases what the device has finished with. Events on one stream complete in the
+    /// order they were recorded, and the list is kept in that order, so a pass asks the
+    /// backend about a stream's events only until one is still pending (the later ones are
+    /// too) and never again about one older than an event seen complete: dropping n
+    /// buffers in a row (one pass each) costs O(n) event queries, not O(n^2), and each
+    /// item is released in the same pass as when every event was queried.
     pub(crate) fn collect(&self, st: &mut State) {
         let capturing = st.capture.as_ref().map(|c| c.stream);
-        let mut i = 0;
-        while i < st.deferred.len() {
-            let item = &mut st.deferred[i];
+        // Per stream, the earliest event found pending in this pass.
+        let mut pending = vec![u64::MAX; st.streams.len()];
+        let items = std::mem::take(&mut st.deferred);
+        let mut kept = Vec::with_capacity(items.len());
+        for mut item in items {
             // Events for fences are recorded late (here), never on a capturing stream.
             let mut ready = true;
-            item.fences.retain(|f| {
+            let mut fences = std::mem::take(&mut item.fences);
+            fences.retain(|f| {
                 if Some(f.stream) == capturing {
                     ready = false;
                     return true;
                 }
                 match self.backend.record_event(st.streams[f.stream as usize].raw) {
-                    Ok(e) => {
-                        item.events.push(e);
+                    Ok(raw) => {
+                        st.deferred_events += 1;
+                        item.events.push(DeferredEvent {
+                            raw,
+                            stream: f.stream,
+                            order: st.deferred_events,
+                        });
                         false
                     }
                     Err(_) => {
@@ -544,23 +572,49 @@ impl Inner {
                     }
                 }
             });
-            for e in &item.events {
-                if !matches!(self.backend.event_done(*e), Ok(true)) {
-                    ready = false;
-                }
-            }
-            if ready {
-                let item = st.deferred.swap_remove(i);
+            item.fences = fences;
+            if ready
+                && item
+                    .events
+                    .iter()
+                    .all(|e| self.deferred_event_done(st, &mut pending, e))
+            {
                 self.release(item, st);
             } else {
-                i += 1;
+                kept.push(item);
             }
+        }
+        // Nothing defers during a pass (releases free raw memory only).
+        kept.append(&mut st.deferred);
+        st.deferred = kept;
+    }
+
+    /// Whether `e` has completed, asking the backend only when the pass's earlier answers
+    /// for its stream do not already say.
+    fn deferred_event_done(&self, st: &mut State, pending: &mut [u64], e: &DeferredEvent) -> bool {
+        let s = e.stream as usize;
+        if e.order <= st.streams[s].released_upto {
+            return true;
+        }
+        if e.order >= pending[s] {
+            return false;
+        }
+        match self.backend.event_done(e.raw) {
+            Ok(true) => {
+                st.streams[s].released_upto = e.order;
+                true
+            }
+            Ok(false) => {
+                pending[s] = e.order;
+                false
+            }
+            Err(_) => false,
         }
     }
 
     fn release(&self, item: DeferredItem, st: &mut State) {
         for e in item.events {
-            self.backend.destroy_event(e);
+            self.backend.destroy_event(e.raw);
         }
         match item.what {
             // SAFETY: every fence of the buffer/graph/pinned memory has completed.
@@ -604,7 +658,7 @@ impl Drop for Inner {
         let staging = std::mem::take(&mut st.staging);
         for item in deferred {
             for e in item.events {
-                self.backend.destroy_event(e);
+                self.backend.destroy_event(e.raw);
             }
             match item.what {
                 // SAFETY: the device is idle after synchronize.
@@ -625,10 +679,16 @@ impl Drop for Inner {
     }
 }
 
-pub(crate) fn raw_buffer_arg(b: &BufferState, offset: usize, access: Access) -> KernelArg {
+pub(crate) fn raw_buffer_arg(
+    b: &BufferState,
+    offset: usize,
+    bytes: usize,
+    access: Access,
+) -> KernelArg {
     KernelArg::Buffer {
         buf: b.raw,
         offset,
+        bytes,
         access,
     }
 }

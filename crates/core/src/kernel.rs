@@ -46,10 +46,14 @@ impl Access {
 /// One kernel argument as the backend receives it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum KernelArg {
-    /// A device buffer starting `offset` bytes in.
+    /// A device buffer starting `offset` bytes in, of which the kernel may touch `bytes`
+    /// (the rest of the buffer, or a region's length: the CPU backend hands its kernels
+    /// exactly that slice, so an access past a region is an error there; GPU backends
+    /// pass only the address).
     Buffer {
         buf: RawBuffer,
         offset: usize,
+        bytes: usize,
         access: Access,
     },
     U32(u32),

@@ -20,7 +20,7 @@ pub use backend::{
     Backend, BackendKind, Capabilities, DeviceInfo, KernelTime, MemInfo, RawBuffer, RawEvent,
     RawGraph, RawPinned, RawStream,
 };
-pub use buffer::{Args, DeviceBuffer, HostMemory, PinnedBuffer};
+pub use buffer::{Args, DeviceBuffer, DeviceSlice, HostMemory, PinnedBuffer};
 pub use device::{Device, Event, MemoryReport, Stream};
 pub use error::{Error, Hazard, HazardKind, Result, Site};
 pub use graph::Graph;

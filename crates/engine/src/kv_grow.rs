@@ -352,12 +352,7 @@ impl Context {
         ph.graphs_s += since(t);
         let t = Instant::now();
         // A placeholder with no buffers (not 2 x layers one-element allocations).
-        let none = KvCache {
-            format: self.kv.format,
-            k: Vec::new(),
-            v: Vec::new(),
-            n_ctx: 0,
-        };
+        let none = KvCache::empty(self.kv.format);
         drop(std::mem::replace(&mut self.kv, none));
         ph.free_s += since(t);
         // The old buffers are freed once the stream is past their last use, when core

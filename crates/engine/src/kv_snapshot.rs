@@ -200,7 +200,7 @@ impl KvSnapshot {
 impl Context {
     /// Layers of the K/V cache and elements per position in each layer's K (and V).
     pub fn kv_shape(&self) -> (usize, usize) {
-        (self.kv.k.len(), self.kv.row_words())
+        (self.kv.layers(), self.kv.row_words())
     }
 
     /// Host bytes a snapshot of `n` positions takes.
@@ -209,8 +209,8 @@ impl Context {
         n * (layers * row * 2 * 2 + 4)
     }
 
-    /// Downloads the K/V rows of the first `n` positions (one buffer at a time, so the
-    /// staging memory stays one buffer's size).
+    /// Downloads the K/V rows of the first `n` positions (one layer's K or V at a time, so
+    /// the staging memory stays one layer's size).
     pub fn export_kv(&self, n: usize) -> Result<KvSnapshot> {
         if n > self.tokens.len() {
             return Err(KvSnapshotError::TooShort {
@@ -221,16 +221,26 @@ impl Context {
         let (layers, row) = self.kv_shape();
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
-        for (kb, vb) in self.kv.k.iter().zip(&self.kv.v) {
-            for (buf, out) in [(kb, &mut k), (vb, &mut v)] {
-                let rows = if n == 0 {
-                    Vec::new()
-                } else {
-                    self.dev
-                        .download_range(buf, 0, n * row, self.stream)?
-                        .wait()?
-                };
-                out.push(rows);
+        let stride = self.kv.layer_words();
+        for il in 0..layers {
+            match self.kv.buffers().filter(|_| n > 0) {
+                Some((kb, vb)) => {
+                    let at = il * stride;
+                    k.push(
+                        self.dev
+                            .download_range(kb, at, n * row, self.stream)?
+                            .wait()?,
+                    );
+                    v.push(
+                        self.dev
+                            .download_range(vb, at, n * row, self.stream)?
+                            .wait()?,
+                    );
+                }
+                None => {
+                    k.push(Vec::new());
+                    v.push(Vec::new());
+                }
             }
         }
         Ok(KvSnapshot {
@@ -280,12 +290,14 @@ impl Context {
             crate::error::EngineError::Device(d) => KvSnapshotError::Device(d),
             other => KvSnapshotError::Grow(other.to_string()),
         })?;
-        if n > 0 {
+        if let Some((kb, vb)) = self.kv.buffers().filter(|_| n > 0) {
+            let stride = self.kv.layer_words();
             for il in 0..layers {
+                let at = il * stride;
                 self.dev
-                    .upload_at(&self.kv.k[il], 0, &snap.k[il][..n * row], self.stream)?;
+                    .upload_at(kb, at, &snap.k[il][..n * row], self.stream)?;
                 self.dev
-                    .upload_at(&self.kv.v[il], 0, &snap.v[il][..n * row], self.stream)?;
+                    .upload_at(vb, at, &snap.v[il][..n * row], self.stream)?;
                 // Wait per layer so the staging memory is reused, not grown per buffer.
                 self.dev.record(self.stream)?.wait()?;
             }

@@ -334,7 +334,7 @@ impl Model {
             head_dim: h.head_dim,
             n_ctx: kv.n_ctx,
         };
-        let caches = (&kv.k[il], &kv.v[il]);
+        let caches = kv.layer(il)?;
         // Decode: the three projections of one activation in one launch where the device
         // has it (the same rows bit for bit), with the per-head work in the same launch
         // where nothing comes between them (no biases).

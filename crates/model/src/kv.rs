@@ -2,12 +2,13 @@
 //! new rows into it and attend over it (crates/core/kernels.txt: kv_store and attention
 //! for f16, kv_store_q8 and attention_q8 for int8).
 //!
-//! Both formats keep a layer's K (and V) as one u16 buffer of `n_ctx` rows: an f16 row is
-//! `kv_dim` halves; an int8 row is `kv_dim / 32` q8_0 blocks of 17 u16 (an f16 scale and
-//! 32 int8 values), ggml's block layout, so llama.cpp's `-ctk q8_0 -ctv q8_0` is the
-//! memory anchor (34 bytes per 32 values, 53% of f16).
+//! Both formats keep a layer's K (and V) as `n_ctx` u16 rows, every layer's K in one buffer
+//! and every layer's V in another: an f16 row is `kv_dim` halves; an int8 row is
+//! `kv_dim / 32` q8_0 blocks of 17 u16 (an f16 scale and 32 int8 values), ggml's block
+//! layout, so llama.cpp's `-ctk q8_0 -ctv q8_0` is the memory anchor (34 bytes per 32
+//! values, 53% of f16).
 
-use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Stream};
+use strata_core::{Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Stream};
 
 use crate::error::{ModelError, Result};
 use crate::model::Model;
@@ -79,7 +80,8 @@ impl KvFormat {
         Ok(())
     }
 
-    /// Device bytes of the K and V of `model` for `n_ctx` positions.
+    /// Device bytes of the K and V of `model` for `n_ctx` positions (linear in `n_ctx`:
+    /// without the under 256 bytes a layer's rows may be padded by in a [`KvCache`]).
     pub fn bytes_for(self, model: &Model, n_ctx: u64) -> u64 {
         let row = self.row_words(model.hp.kv_dim() as usize) as u64 * 2;
         2 * model.hp.n_layer as u64 * row * n_ctx
@@ -92,12 +94,28 @@ impl std::fmt::Display for KvFormat {
     }
 }
 
-/// Per layer, `n_ctx` rows for K and for V, in `format`.
+/// u16 words between two layers' first rows are a multiple of this (256 bytes, what a
+/// device allocation is aligned to), so each layer's rows start as aligned as they did in
+/// a buffer of their own, whatever `n_ctx` and the row size.
+const LAYER_ALIGN_WORDS: usize = 128;
+
+/// Every layer's `n_ctx` rows for K in one buffer, and for V in another, in `format`: layer
+/// `l`'s rows start at `l * layer_words()` and are laid out as a buffer of their own would
+/// be, and each kernel gets its layer as a region ([`DeviceSlice`]), which it cannot reach
+/// past on the CPU backend. Two allocations (and two frees) per cache, not two per layer:
+/// what a K/V grow or trim costs the host (issue 8). Core orders accesses per buffer, so
+/// a layer's launch waits for the other layers' work on the buffer too; every K/V launch
+/// and row copy is on the context's stream, where it is ordered anyway.
+///
+/// `format` and `n_ctx` are for reading: the layout was computed from them.
 pub struct KvCache {
     pub format: KvFormat,
-    pub k: Vec<DeviceBuffer<u16>>,
-    pub v: Vec<DeviceBuffer<u16>>,
     pub n_ctx: u32,
+    layers: usize,
+    row_words: usize,
+    /// `None` in a placeholder without buffers ([`KvCache::empty`]).
+    k: Option<DeviceBuffer<u16>>,
+    v: Option<DeviceBuffer<u16>>,
 }
 
 impl KvCache {
@@ -109,36 +127,88 @@ impl KvCache {
     /// A cache of `n_ctx` positions in `format`.
     pub fn with_format(dev: &Device, model: &Model, n_ctx: u32, format: KvFormat) -> Result<Self> {
         format.check(model.hp.head_dim)?;
-        let rows = n_ctx as usize * format.row_words(model.hp.kv_dim() as usize);
-        let mut k = Vec::new();
-        let mut v = Vec::new();
-        for _ in 0..model.hp.n_layer {
-            k.push(dev.alloc::<u16>(rows.max(1))?);
-            v.push(dev.alloc::<u16>(rows.max(1))?);
-        }
-        Ok(KvCache {
+        let (layers, kv_dim) = (model.hp.n_layer as usize, model.hp.kv_dim() as usize);
+        Self::with_shape(dev, layers, kv_dim, n_ctx, format)
+    }
+
+    /// A cache of `layers` layers of `n_ctx` positions of `kv_dim` values in `format`
+    /// (whose head size `with_format` checks).
+    pub fn with_shape(
+        dev: &Device,
+        layers: usize,
+        kv_dim: usize,
+        n_ctx: u32,
+        format: KvFormat,
+    ) -> Result<Self> {
+        let mut kv = Self::empty(format);
+        kv.layers = layers;
+        kv.row_words = format.row_words(kv_dim);
+        kv.n_ctx = n_ctx;
+        let words = layers
+            .checked_mul(kv.layer_words())
+            .ok_or_else(|| ModelError::BadHParams(format!("a K/V of {n_ctx} cells")))?;
+        kv.k = Some(dev.alloc::<u16>(words.max(1))?);
+        kv.v = Some(dev.alloc::<u16>(words.max(1))?);
+        Ok(kv)
+    }
+
+    /// A placeholder of no layers and no buffers, for while a cache is replaced.
+    pub fn empty(format: KvFormat) -> Self {
+        KvCache {
             format,
-            k,
-            v,
-            n_ctx,
-        })
+            n_ctx: 0,
+            layers: 0,
+            row_words: 0,
+            k: None,
+            v: None,
+        }
     }
 
     pub fn bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(|b| b.bytes()).sum()
     }
 
-    /// u16 words of one position in one layer's K (and V) buffer.
+    /// Layers held (0 in a placeholder).
+    pub fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// u16 words of one position in one layer's K (and V).
     pub fn row_words(&self) -> usize {
-        self.k
-            .first()
-            .map_or(0, |b| b.len() / (self.n_ctx as usize).max(1))
+        self.row_words
+    }
+
+    /// u16 words from one layer's first row to the next layer's: its `n_ctx` rows, then
+    /// padding to [`LAYER_ALIGN_WORDS`].
+    pub fn layer_words(&self) -> usize {
+        (self.n_ctx as usize * self.row_words).next_multiple_of(LAYER_ALIGN_WORDS)
+    }
+
+    /// The buffers holding every layer's K and V (`None` in a placeholder).
+    pub fn buffers(&self) -> Option<(&DeviceBuffer<u16>, &DeviceBuffer<u16>)> {
+        self.k.as_ref().zip(self.v.as_ref())
+    }
+
+    /// Layer `il`'s K and V rows: regions of `n_ctx` rows each.
+    pub fn layer(&self, il: usize) -> Result<(DeviceSlice<'_, u16>, DeviceSlice<'_, u16>)> {
+        let bufs = self.buffers().filter(|_| il < self.layers);
+        let (k, v) = bufs.ok_or_else(|| {
+            ModelError::BadHParams(format!(
+                "K/V layer {il} asked of a cache of {} layers",
+                self.layers
+            ))
+        })?;
+        let (at, len) = (
+            il * self.layer_words(),
+            self.n_ctx as usize * self.row_words,
+        );
+        Ok((k.slice(at, len)?, v.slice(at, len)?))
     }
 
     /// Copies the first `keep` rows of every layer of `src` (a cache of the same format and
-    /// model, of any size) into this one, on `stream` by ordered device copies: K/V growth
-    /// and trimming, which allocate the new cache first (`with_format`) and time the two
-    /// apart.
+    /// model, of any size) into this one, on `stream` by ordered device copies (one per
+    /// layer and K or V: the layers' strides differ): K/V growth and trimming, which
+    /// allocate the new cache first (`with_format`) and time the two apart.
     pub fn copy_rows_from(
         &self,
         dev: &Device,
@@ -151,24 +221,28 @@ impl KvCache {
         if words == 0 {
             return Ok(());
         }
-        if src.format != self.format || src.k.len() != self.k.len() {
+        let same = src.format == self.format
+            && src.layers == self.layers
+            && src.row_words == self.row_words;
+        let bufs = self.buffers().zip(src.buffers()).filter(|_| same);
+        let Some(((dk, dv), (sk, sv))) = bufs else {
             return Err(ModelError::BadHParams(format!(
                 "K/V rows copied from a {} cache of {} layers into a {} cache of {}",
-                src.format,
-                src.k.len(),
-                self.format,
-                self.k.len()
+                src.format, src.layers, self.format, self.layers
             )));
-        }
-        for (s, d) in src.k.iter().chain(&src.v).zip(self.k.iter().chain(&self.v)) {
-            dev.copy_range(d, 0, s, 0, words, stream)?;
+        };
+        let (d_stride, s_stride) = (self.layer_words(), src.layer_words());
+        for il in 0..self.layers {
+            for (d, s) in [(dk, sk), (dv, sv)] {
+                dev.copy_range(d, il * d_stride, s, il * s_stride, words, stream)?;
+            }
         }
         Ok(())
     }
 
     /// Stores the `n` rows `k` and `v` (at the positions in `pos`) into layer `il`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn store(
+    pub fn store(
         &self,
         ops: &Ops<'_>,
         il: usize,
@@ -178,7 +252,7 @@ impl KvCache {
         kv_dim: u32,
         n: u32,
     ) -> Result<()> {
-        let (kc, vc) = (&self.k[il], &self.v[il]);
+        let (kc, vc) = self.layer(il)?;
         match self.format {
             KvFormat::F16 => ops.kv_store(k, v, pos, kc, vc, kv_dim, n, self.n_ctx)?,
             KvFormat::Int8 => {
@@ -186,8 +260,8 @@ impl KvCache {
                     .read(k)
                     .read(v)
                     .read(pos)
-                    .write(kc)
-                    .write(vc)
+                    .write_slice(kc)
+                    .write_slice(vc)
                     .u32(kv_dim)
                     .u32(n)
                     .u32(self.n_ctx);
@@ -204,7 +278,7 @@ impl KvCache {
     /// `out`; `per_row` launches each row as a one-token step (f16 only: the int8 kernel
     /// computes a row the same way whatever the launch).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attend(
+    pub fn attend(
         &self,
         ops: &Ops<'_>,
         il: usize,
@@ -216,7 +290,7 @@ impl KvCache {
         scale: f32,
         per_row: bool,
     ) -> Result<()> {
-        let (kc, vc) = (&self.k[il], &self.v[il]);
+        let (kc, vc) = self.layer(il)?;
         let (n_head, n_kv_head, head_dim) = heads;
         let n_ctx = self.n_ctx;
         match (self.format, per_row) {
@@ -230,8 +304,8 @@ impl KvCache {
                 let args = Args::new()
                     .read(q)
                     .read(pos)
-                    .read(kc)
-                    .read(vc)
+                    .read_slice(kc)
+                    .read_slice(vc)
                     .write(out)
                     .u32(n)
                     .u32(n_head)

@@ -1,7 +1,7 @@
 //! Typed launchers for the transformer kernels: the one place that knows each kernel's
 //! argument order (crates/core/kernels.txt). Every launch goes through the ordered API.
 
-use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Result, Stream};
+use strata_core::{Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Result, Stream};
 use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
@@ -256,8 +256,8 @@ impl Ops<'_> {
         k: &DeviceBuffer<f32>,
         v: &DeviceBuffer<f32>,
         pos: &DeviceBuffer<i32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
+        k_cache: DeviceSlice<'_, u16>,
+        v_cache: DeviceSlice<'_, u16>,
         kv_dim: u32,
         n_tokens: u32,
         n_ctx: u32,
@@ -266,8 +266,8 @@ impl Ops<'_> {
             .read(k)
             .read(v)
             .read(pos)
-            .write(k_cache)
-            .write(v_cache)
+            .write_slice(k_cache)
+            .write_slice(v_cache)
             .u32(kv_dim)
             .u32(n_tokens)
             .u32(n_ctx);
@@ -279,8 +279,8 @@ impl Ops<'_> {
         &self,
         q: &DeviceBuffer<f32>,
         pos: &DeviceBuffer<i32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
+        k_cache: DeviceSlice<'_, u16>,
+        v_cache: DeviceSlice<'_, u16>,
         out: &DeviceBuffer<f32>,
         n_tokens: u32,
         n_head: u32,
@@ -309,7 +309,7 @@ impl Ops<'_> {
         kernel: KernelId,
         q: &DeviceBuffer<f32>,
         pos: &DeviceBuffer<i32>,
-        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        caches: (DeviceSlice<'_, u16>, DeviceSlice<'_, u16>),
         out: &DeviceBuffer<f32>,
         shape: (u32, u32, u32, u32, u32),
         scale: f32,
@@ -318,8 +318,8 @@ impl Ops<'_> {
         let args = Args::new()
             .read(q)
             .read(pos)
-            .read(caches.0)
-            .read(caches.1)
+            .read_slice(caches.0)
+            .read_slice(caches.1)
             .write(out)
             .u32(n_tokens)
             .u32(n_head)
@@ -340,8 +340,8 @@ impl Ops<'_> {
         &self,
         q: &DeviceBuffer<f32>,
         pos: &DeviceBuffer<i32>,
-        k_cache: &DeviceBuffer<u16>,
-        v_cache: &DeviceBuffer<u16>,
+        k_cache: DeviceSlice<'_, u16>,
+        v_cache: DeviceSlice<'_, u16>,
         out: &DeviceBuffer<f32>,
         n_tokens: u32,
         n_head: u32,
@@ -368,8 +368,8 @@ impl Ops<'_> {
             let args = Args::new()
                 .read_at(q, t * row)
                 .read_at(pos, t)
-                .read(k_cache)
-                .read(v_cache)
+                .read_slice(k_cache)
+                .read_slice(v_cache)
                 .write_at(out, t * row)
                 .u32(1)
                 .u32(n_head)
@@ -625,7 +625,7 @@ impl Ops<'_> {
         norm: Option<(&Vector, &Vector)>,
         pos: &DeviceBuffer<i32>,
         q_out: &DeviceBuffer<f32>,
-        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        caches: (DeviceSlice<'_, u16>, DeviceSlice<'_, u16>),
         shape: QkvShape,
         eps: f32,
         r: &Rope,
@@ -643,8 +643,8 @@ impl Ops<'_> {
             .read(kn)
             .read(pos)
             .write(q_out)
-            .write(caches.0)
-            .write(caches.1);
+            .write_slice(caches.0)
+            .write_slice(caches.1);
         let args = head_rope_args(args, &shape, norm.is_some(), eps, r);
         // One warp per (token, head): q, k and v heads.
         let heads = shape.n_tokens as usize * (shape.n_head + 2 * shape.n_kv_head) as usize;

@@ -3,7 +3,7 @@
 //! replaces compute, so the forward pass takes them where the device has them and runs
 //! the separate ops elsewhere (the CPU backend).
 
-use strata_core::{Args, DeviceBuffer, KernelId, LaunchCfg, Result};
+use strata_core::{Args, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Result};
 use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
@@ -212,7 +212,7 @@ impl Ops<'_> {
         norm: Option<(&Vector, &Vector)>,
         pos: &DeviceBuffer<i32>,
         q_out: &DeviceBuffer<f32>,
-        caches: (&DeviceBuffer<u16>, &DeviceBuffer<u16>),
+        caches: (DeviceSlice<'_, u16>, DeviceSlice<'_, u16>),
         done: &DeviceBuffer<u32>,
         shape: QkvShape,
         eps: f32,
@@ -237,8 +237,8 @@ impl Ops<'_> {
             .read(kn)
             .read(pos)
             .write(q_out)
-            .write(caches.0)
-            .write(caches.1)
+            .write_slice(caches.0)
+            .write_slice(caches.1)
             .read_write(done)
             .u32(wq.ty.id())
             .u32(wk.ty.id())

@@ -136,11 +136,13 @@ fn raw_loop(
                 KernelArg::Buffer {
                     buf: table,
                     offset: 0,
+                    bytes: TABLE_LEN * 4,
                     access: Access::Read,
                 },
                 KernelArg::Buffer {
                     buf: flags,
                     offset: 0,
+                    bytes: launches as usize * 4,
                     access: Access::Write,
                 },
                 KernelArg::U32(TABLE_LEN as u32),
