@@ -361,7 +361,9 @@ mod tests {
         // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
         let mul_mat = |ty, m, k, n| {
             let u = KernelArg::U32;
-            [KernelArg::U64(0x1000); 3].into_iter().chain([u(ty), u(m), u(k), u(n)])
+            [KernelArg::U64(0x1000); 3]
+                .into_iter()
+                .chain([u(ty), u(m), u(k), u(n)])
         };
         let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
         let v = &VARIANTS[find("mul_mat_vec_q8")];
@@ -379,8 +381,13 @@ mod tests {
         assert!(applies(12, 2048, 65_536 + 256, 1).is_none());
         assert!(applies(12, 2048, 4000, 1).is_none());
         // Every stage fits the 48 KiB a block has without opting in.
-        for ty in [2u32, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 20, 21, 22, 23, 39] {
-            assert!(applies(ty, 64, 65_536, 1).is_some_and(|b| b <= 48 * 1024), "{ty}");
+        for ty in [
+            2u32, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 20, 21, 22, 23, 39,
+        ] {
+            assert!(
+                applies(ty, 64, 65_536, 1).is_some_and(|b| b <= 48 * 1024),
+                "{ty}"
+            );
         }
         // Its grid: a row a warp of up to 4, whatever grid the launch had.
         let grid = v.grid.unwrap();
