@@ -83,11 +83,28 @@ fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error>
 }
 
 /// What one launch runs: the kernel or a variant, the dynamic shared memory it asks for,
-/// and the variant's own grid, if it has one.
+/// the variant's own grid, if it has one (replacing the launch's when `grid_exact`, else
+/// cutting it), and the kernel to launch first, if it has one.
 pub(crate) struct LaunchChoice<'a> {
     pub entry: &'a KernelEntry,
     pub dynamic_smem: u32,
     pub grid: Option<VariantGrid>,
+    pub grid_exact: bool,
+    pub pre: Option<PreChoice<'a>>,
+}
+
+/// A variant's pre-launch (variants.rs `PreLaunch`): its kernel, grid and block.
+pub(crate) struct PreChoice<'a> {
+    pub entry: &'a KernelEntry,
+    pub grid: u32,
+    pub block: u32,
+}
+
+/// A variant whose function (and pre-launch's, if it has one) the modules define.
+struct LoadedVariant {
+    v: &'static Variant,
+    entry: KernelEntry,
+    pre: Option<KernelEntry>,
 }
 
 /// Every module of one context and the kernel table built from them.
@@ -95,8 +112,8 @@ pub(crate) struct KernelTable {
     modules: Vec<sys::CUmodule>,
     /// Indexed by `KernelId::index()`; `None` for a kernel no CUDA source defines.
     entries: Vec<Option<KernelEntry>>,
-    /// The VARIANTS whose function the modules define, with their entries.
-    variants: Vec<(&'static Variant, KernelEntry)>,
+    /// The VARIANTS whose functions the modules define, with their entries.
+    variants: Vec<LoadedVariant>,
     /// How each module was obtained, in `KERNEL_MODULES` order.
     pub origins: Vec<(&'static str, Origin)>,
 }
@@ -296,14 +313,25 @@ impl KernelTable {
                 continue;
             }
             let module = loaded.iter().find(|(name, _)| *name == v.of.module());
-            if let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) {
-                let entry = if v.large_smem {
-                    KernelEntry::with_large_smem(f)
-                } else {
-                    KernelEntry::new(f)
-                };
-                table.variants.push((v, entry));
-            }
+            let Some(f) = module.and_then(|&(_, m)| function(m, v.func)) else {
+                continue;
+            };
+            let pre = match &v.pre {
+                Some(p) => match module.and_then(|&(_, m)| function(m, p.func)) {
+                    Some(pf) => Some(KernelEntry::new(pf)),
+                    None => {
+                        tracing::warn!("cuda: {} needs {}, not defined; left out", v.func, p.func);
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            let entry = if v.large_smem {
+                KernelEntry::with_large_smem(f)
+            } else {
+                KernelEntry::new(f)
+            };
+            table.variants.push(LoadedVariant { v, entry, pre });
         }
         for id in KernelId::ALL {
             let Some(&(_, m)) = loaded.iter().find(|(name, _)| *name == id.module()) else {
@@ -354,8 +382,11 @@ impl KernelTable {
                 e.dependent_launch = waits(id.module(), id.name());
             }
         }
-        for (v, e) in &mut self.variants {
-            e.dependent_launch = waits(v.of.module(), v.func);
+        for lv in &mut self.variants {
+            lv.entry.dependent_launch = waits(lv.v.of.module(), lv.v.func);
+            if let (Some(p), Some(e)) = (&lv.v.pre, &mut lv.pre) {
+                e.dependent_launch = waits(lv.v.of.module(), p.func);
+            }
         }
         Ok(())
     }
@@ -396,18 +427,31 @@ impl KernelTable {
         let chosen = self
             .variants
             .iter()
-            .filter(|(v, _)| v.of == id)
-            .find_map(|(v, e)| {
-                (v.applies)(args, e.max_dynamic_smem).map(|smem| LaunchChoice {
-                    entry: e,
+            .filter(|lv| lv.v.of == id)
+            .find_map(|lv| {
+                let smem = (lv.v.applies)(args, lv.entry.max_dynamic_smem)?;
+                let pre = match (&lv.v.pre, &lv.pre) {
+                    (Some(p), Some(entry)) => Some(PreChoice {
+                        entry,
+                        grid: (p.grid)(args)?,
+                        block: p.block,
+                    }),
+                    _ => None,
+                };
+                Some(LaunchChoice {
+                    entry: &lv.entry,
                     dynamic_smem: smem,
-                    grid: v.grid,
+                    grid: lv.v.grid,
+                    grid_exact: lv.v.grid_exact,
+                    pre,
                 })
             });
         chosen.or(Some(LaunchChoice {
             entry: kernel,
             dynamic_smem: 0,
             grid: None,
+            grid_exact: false,
+            pre: None,
         }))
     }
 }
@@ -501,9 +545,10 @@ mod tests {
                 KernelId::ALL
                     .iter()
                     .any(|id| id.name() == name && id.module() == *module)
-                    || VARIANTS
-                        .iter()
-                        .any(|v| v.func == name && v.of.module() == *module),
+                    || VARIANTS.iter().any(|v| {
+                        v.of.module() == *module
+                            && (v.func == name || v.pre.as_ref().is_some_and(|p| p.func == name))
+                    }),
                 "kernels-cuda/{module}.cu defines {name}, which crates/core/kernels.txt does not list under {module}"
             );
         }
@@ -513,15 +558,16 @@ mod tests {
     fn every_variant_is_defined_in_its_kernels_module() {
         let declared = declared();
         for v in VARIANTS {
-            assert!(
-                declared
-                    .iter()
-                    .any(|(n, m)| n == v.func && *m == v.of.module()),
-                "{} (variant of {}) missing from kernels-cuda/{}.cu",
-                v.func,
-                v.of.name(),
-                v.of.module()
-            );
+            for func in std::iter::once(v.func).chain(v.pre.as_ref().map(|p| p.func)) {
+                assert!(
+                    declared
+                        .iter()
+                        .any(|(n, m)| n == func && *m == v.of.module()),
+                    "{func} (variant of {}) missing from kernels-cuda/{}.cu",
+                    v.of.name(),
+                    v.of.module()
+                );
+            }
         }
     }
 

@@ -28,6 +28,54 @@ pub(crate) struct Variant {
     /// when that is fewer than the launch's grid (its kernel's units are coarser): the
     /// launch is cut to them instead of scheduling blocks that exit at once.
     pub grid: Option<VariantGrid>,
+    /// Whether `grid` is the launch's grid whatever the kernel's was, more blocks as well
+    /// as fewer (the variant's units are finer than its kernel's).
+    pub grid_exact: bool,
+    /// A kernel launched just before this one (see [`PreLaunch`]).
+    pub pre: Option<PreLaunch>,
+}
+
+/// A kernel the backend launches just before a variant, on the same stream and with the
+/// variant's arguments, both followed by one more: the stream's scratch buffer (the
+/// backend's own, [`SCRATCH_BYTES`], one per stream and never reallocated, so a captured
+/// graph keeps a valid address), which the pre-launch writes and the variant reads. Work
+/// done once per launch instead of once per block (mul_mat_vec_q8's activation quantised).
+pub(crate) struct PreLaunch {
+    pub func: &'static str,
+    /// Its grid for the launch's arguments (`None`: one block).
+    pub grid: fn(args: &[KernelArg]) -> Option<u32>,
+    /// Threads of its blocks.
+    pub block: u32,
+}
+
+/// Bytes of each stream's scratch buffer: mul_mat_vec_q8's quantised activation row (a
+/// byte per value, then a scale and a Q8_1 sum per 32 values) for rows of up to
+/// [`MVQ_MAX_K`] values.
+pub(crate) const SCRATCH_BYTES: usize = MVQ_MAX_K as usize * 5 / 4;
+
+/// Longest row mul_mat_vec_q8 takes (longer ones run mul_mat_vec).
+const MVQ_MAX_K: u32 = 65_536;
+/// kernels-cuda/matvec_q8.cuh: warps of a block that compute (ops.rs launches one-token
+/// products in blocks of 4 warps), steps of 1,024 values staged per warp at most.
+const MVQ_WARPS: u32 = 4;
+const MVQ_MAX_DEPTH: u32 = 8;
+
+/// Dynamic shared memory mul_mat_vec_q8 takes: each of MVQ_WARPS warps stages up to
+/// MVQ_MAX_DEPTH steps of its row (mvq_stage_u4: a step's bytes at any alignment, in
+/// 16-byte segments). `None` for a launch it does not take: more than one token, a float
+/// format (nothing to quantise; mul_mat_vec runs it), a row longer than the scratch holds
+/// or not whole blocks.
+fn mul_mat_vec_q8_smem(args: &[KernelArg], _limit: u32) -> Option<u32> {
+    // mul_mat(w, x, y | type, m, k, n)
+    let (ty, k, n) = (u32_arg(args, 3)?, u32_arg(args, 5)?, u32_arg(args, 6)?);
+    if n != 1 || k == 0 || k > MVQ_MAX_K {
+        return None;
+    }
+    let t = tensor_core_format(ty)?;
+    t.row_bytes(k as usize)?;
+    let step = u32::try_from(t.row_bytes(1024)?).ok()?;
+    let stage = (step + 30) / 16 * 16;
+    Some(MVQ_WARPS * k.div_ceil(1024).min(MVQ_MAX_DEPTH) * stage)
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -159,10 +207,30 @@ pub(crate) const VARIANTS: &[Variant] = &[
     // mul_mat(w, x, y | type, m, k, n)
     Variant {
         of: KernelId::MulMat,
+        func: "mul_mat_vec_q8",
+        applies: mul_mat_vec_q8_smem,
+        large_smem: false,
+        // A row a warp (ops.rs's grid has two), so an SM holds more warps.
+        grid: Some(|a, block| {
+            let warps = (block / 32).clamp(1, MVQ_WARPS);
+            Some(u32_arg(a, 4)?.div_ceil(warps).max(1))
+        }),
+        grid_exact: true,
+        // Blocks of 256 threads, 256 values each (matvec_q8.cuh's MVQ_QUANT_VALUES).
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8",
+            grid: |a| Some(u32_arg(a, 5)?.div_ceil(256).max(1)),
+            block: 256,
+        }),
+    },
+    Variant {
+        of: KernelId::MulMat,
         func: "mul_mat_vec",
         applies: |a, _| u32_arg(a, 6).is_some_and(|n| n <= 1).then_some(0),
         large_smem: false,
         grid: None,
+        grid_exact: false,
+        pre: None,
     },
     Variant {
         of: KernelId::MulMat,
@@ -178,6 +246,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
             let (m, n) = (u32_arg(a, 4)?, u32_arg(a, 6)?);
             m.div_ceil(128).checked_mul(n.div_ceil(64))
         }),
+        grid_exact: false,
+        pre: None,
     },
     Variant {
         of: KernelId::MulMat,
@@ -190,6 +260,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
         },
         large_smem: true,
         grid: None,
+        grid_exact: false,
+        pre: None,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
@@ -198,6 +270,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
         applies: |a, _| u32_arg(a, 7).is_some_and(|n| n <= 2).then_some(0),
         large_smem: false,
         grid: None,
+        grid_exact: false,
+        pre: None,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -210,6 +284,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
         },
         large_smem: true,
         grid: None,
+        grid_exact: false,
+        pre: None,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -224,6 +300,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
         },
         large_smem: true,
         grid: None,
+        grid_exact: false,
+        pre: None,
     },
     // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
     Variant {
@@ -232,6 +310,8 @@ pub(crate) const VARIANTS: &[Variant] = &[
         applies: attention_prefill_smem,
         large_smem: true,
         grid: Some(attention_prefill_grid),
+        grid_exact: false,
+        pre: None,
     },
 ];
 
@@ -259,7 +339,7 @@ mod tests {
                 KernelArg::U32(n),
             ]
         };
-        let v = VARIANTS.iter().find(|v| v.of == KernelId::MulMat).unwrap();
+        let v = VARIANTS.iter().find(|v| v.func == "mul_mat_vec").unwrap();
         assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
         assert!((v.applies)(&mul_mat(8), 0).is_none());
         assert!((v.applies)(&mul_mat(1)[..6], 0).is_none());
@@ -274,6 +354,55 @@ mod tests {
         let mut f16 = mul_mat(64);
         f16[3] = KernelArg::U32(1);
         assert!((mma.applies)(&f16, 232_448).is_none());
+    }
+
+    #[test]
+    fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
+        // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
+        let mul_mat = |ty, m, k, n| {
+            let u = KernelArg::U32;
+            [KernelArg::U64(0x1000); 3]
+                .into_iter()
+                .chain([u(ty), u(m), u(k), u(n)])
+        };
+        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        let v = &VARIANTS[find("mul_mat_vec_q8")];
+        let applies = |ty, m, k, n| (v.applies)(&mul_mat(ty, m, k, n).collect::<Vec<_>>(), 0);
+        // Q4_K, 4,096 values: 4 warps x 4 steps of 4 blocks of 144 bytes (+ 30 slack, in
+        // 16-byte segments).
+        assert_eq!(applies(12, 2048, 4096, 1), Some(4 * 4 * 592));
+        // Q8_0, 20,480 values: 8 steps staged (of 32 blocks of 34 bytes).
+        assert_eq!(applies(8, 16, 20_480, 1), Some(4 * 8 * 1104));
+        assert_eq!(applies(12, 2048, 65_536, 1), Some(4 * 8 * 592));
+        // Not: two tokens, none, a float format, a row past the scratch, not whole blocks.
+        assert!(applies(12, 2048, 4096, 2).is_none());
+        assert!(applies(12, 2048, 4096, 0).is_none());
+        assert!(applies(1, 2048, 4096, 1).is_none());
+        assert!(applies(12, 2048, 65_536 + 256, 1).is_none());
+        assert!(applies(12, 2048, 4000, 1).is_none());
+        // Every stage fits the 48 KiB a block has without opting in.
+        for ty in [
+            2u32, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 20, 21, 22, 23, 39,
+        ] {
+            assert!(
+                applies(ty, 64, 65_536, 1).is_some_and(|b| b <= 48 * 1024),
+                "{ty}"
+            );
+        }
+        // Its grid: a row a warp of up to 4, whatever grid the launch had.
+        let grid = v.grid.unwrap();
+        let args: Vec<_> = mul_mat(12, 2050, 4096, 1).collect();
+        assert_eq!(grid(&args, 128), Some(513));
+        assert_eq!(grid(&args, 256), Some(513));
+        assert_eq!(grid(&args, 64), Some(1025));
+        assert!(v.grid_exact);
+        // The activation quantised first: 256 values a block.
+        let pre = v.pre.as_ref().unwrap();
+        assert_eq!((pre.grid)(&args), Some(16));
+        // Before mul_mat_vec, which keeps the launches it declines (for_launch takes the
+        // first variant that applies); the scratch holds the longest row it takes.
+        assert!(find("mul_mat_vec_q8") < find("mul_mat_vec"));
+        assert_eq!(SCRATCH_BYTES, 65_536 + 65_536 / 32 * 8);
     }
 
     #[test]
