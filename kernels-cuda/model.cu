@@ -26,6 +26,7 @@
 #include "matvec.cuh"
 #include "slot_units.cuh"
 #include "mma.cuh"
+#include "matvec_q8.cuh"
 #include "mmq.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
@@ -215,6 +216,52 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     __shared__ MvShared sh;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, (uint64_t)n * m);
     mv_product(sh, type, w, x, y, m, k, n);
+}
+
+// mul_mat for one token over an activation quantised once (matvec_q8.cuh): the CUDA
+// backend's first choice for one-token launches of the quantised formats, bit for bit
+// mul_mat_vec's results. The backend launches quantise_act_q8 just before it on the same
+// stream, both with mul_mat's arguments and `act`, its per-stream scratch; the dynamic
+// shared memory (mvq_depth) holds each warp's staged steps; n must be 1. Otherwise NaN.
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                    uint32_t k, uint32_t n, uint8_t* act) {
+    pdl_begin_release_next();
+    const int a = mvq_act_type(type);
+    if (!whole_warps() || !mm_shape_ok(type, k) || a < 0 || n != 1) return;  // the product: NaN
+    const MvqAct qa = mvq_act(act, k);
+    const uint64_t stride = (uint64_t)gridDim.x * MVQ_QUANT_VALUES;
+    for (uint64_t k0 = (uint64_t)blockIdx.x * MVQ_QUANT_VALUES; k0 < k; k0 += stride)
+        mvq_quantise_chunk(a, x, qa, k, (uint32_t)k0, min((uint32_t)MVQ_QUANT_VALUES, k - (uint32_t)k0));
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_vec_q8(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                   uint32_t k, uint32_t n, uint8_t* act) {
+    pdl_begin_deferred();  // waits in mvq_product, once its weights are requested
+    MMA_SMEM(smem);
+    const uint32_t bytes = mma_smem_size();
+    const MvqAct qa = mvq_act(act, k);
+    bool done = false;
+    if (whole_warps() && mm_shape_ok(type, k) && n == 1) {
+        switch (type) {
+#define MVQ_CASE(id, F)                                                    \
+    case id: {                                                             \
+        const uint32_t depth = mvq_depth<F>(bytes, k);                     \
+        if (depth > 0) mvq_product<F>((uint4*)smem, depth, w, qa, y, m, k); \
+        done = depth > 0;                                                  \
+        break;                                                             \
+    }
+            QUANT_FORMATS(MVQ_CASE)
+#undef MVQ_CASE
+            default: break;
+        }
+    }
+    (void)x;
+    if (!done) {
+        pdl_wait();
+        fill_nan(y, (uint64_t)n * m);
+    }
 }
 
 

@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq|cached [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -748,6 +748,7 @@ static void test_qkv_rope() {
 }
 
 #include "test_mmq.h"
+#include "test_vec_q8.h"
 #include "test_cached.h"
 
 int main(int argc, char** argv) {
@@ -762,6 +763,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();
+    if (only == "vec" || only == "vec_q8") test_vec_q8();
     if (only == "fused") test_fused();
     if (only == "fused" || only == "products") test_fused_products();
     if (only == "fused" || only == "products") test_fused_norms();

@@ -23,8 +23,9 @@ use strata_core::{
 use crate::compile::{self, Origin as ModuleOrigin};
 use crate::driver::{self, NAME, check};
 use crate::kernel_timing::KernelTiming;
-use crate::kernels::{self, KernelTable, MAX_ARGS};
+use crate::kernels::{self, KernelEntry, KernelTable, MAX_ARGS};
 use crate::launch_options::LaunchOptions;
+use crate::variants::SCRATCH_BYTES;
 
 /// How a CUDA device is opened.
 #[derive(Clone, Debug)]
@@ -45,6 +46,18 @@ impl Default for CudaOptions {
     }
 }
 
+/// One stream and its scratch buffer: [`SCRATCH_BYTES`] of device memory that only
+/// launches on this stream use (a variant's pre-launch writes it, the variant reads it:
+/// variants.rs `PreLaunch`), so stream order alone keeps them apart. Allocated with the
+/// stream and never reallocated: a graph captured on the stream keeps its address. (A
+/// graph replayed on another stream than it was captured on would share it with its
+/// capture stream; the engine replays a context's graphs on the context's stream.)
+#[derive(Clone, Copy)]
+struct StreamSlot {
+    handle: usize,
+    scratch: sys::CUdeviceptr,
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -56,7 +69,7 @@ pub struct CudaBackend {
     /// The device's primary context (a `CUcontext`), retained for our lifetime.
     ctx: usize,
     /// `CUstream`s, indexed by `RawStream`.
-    streams: RwLock<Vec<usize>>,
+    streams: RwLock<Vec<StreamSlot>>,
     /// Idle `CUevent`s. Reusing one is safe: a wait already queued on an event keeps the
     /// state of the record it saw, whatever is recorded later.
     event_pool: Mutex<Vec<usize>>,
@@ -126,16 +139,85 @@ impl CudaBackend {
     }
 
     fn stream(&self, s: RawStream) -> Result<sys::CUstream> {
+        self.stream_slot(s).map(|slot| slot.handle as sys::CUstream)
+    }
+
+    fn stream_slot(&self, s: RawStream) -> Result<StreamSlot> {
         self.streams
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(s.0 as usize)
-            .map(|&h| h as sys::CUstream)
+            .copied()
             .ok_or_else(|| Error::Driver {
                 backend: NAME,
                 call: "stream lookup",
                 message: format!("unknown stream {}", s.0),
             })
+    }
+
+    /// Launches `entry` on `s` with the packed `params`, as a programmatic dependent launch
+    /// when the entry is marked for it.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_entry(
+        &self,
+        entry: &KernelEntry,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        s: sys::CUstream,
+        params: &mut [*mut c_void; MAX_ARGS],
+    ) -> Result<()> {
+        let ([gx, gy, gz], [bx, by, bz]) = (grid, block);
+        if entry.dependent_launch {
+            // Programmatic stream serialization: the kernel may start once every block of
+            // the one before it has started; its pdl_begin() waits for that one's end.
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                value: sys::CUlaunchAttributeValue {
+                    programmaticStreamSerializationAllowed: 1,
+                },
+            };
+            let config = sys::CUlaunchConfig {
+                gridDimX: gx,
+                gridDimY: gy,
+                gridDimZ: gz,
+                blockDimX: bx,
+                blockDimY: by,
+                blockDimZ: bz,
+                sharedMemBytes: shared,
+                hStream: s,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `config` and `attr` live for the call.
+            check("cuLaunchKernelEx", unsafe {
+                sys::cuLaunchKernelEx(
+                    &config,
+                    entry.func,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+        } else {
+            // SAFETY: `params` holds one pointer per kernel parameter (checked against the
+            // signature when the driver reports it), each to a slot alive for the call.
+            check("cuLaunchKernel", unsafe {
+                sys::cuLaunchKernel(
+                    entry.func,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    shared,
+                    s,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+        }
     }
 
     fn oom(&self, requested: usize) -> Error {
@@ -183,8 +265,22 @@ impl Backend for CudaBackend {
                 sys::CUstream_flags::CU_STREAM_NON_BLOCKING as std::ffi::c_uint,
             )
         })?;
+        let mut scratch: sys::CUdeviceptr = 0;
+        // SAFETY: writes the device pointer.
+        let r = unsafe { sys::cuMemAlloc_v2(&mut scratch, SCRATCH_BYTES) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the stream just created, unused.
+            unsafe { sys::cuStreamDestroy_v2(s) };
+            return Err(match r {
+                sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => self.oom(SCRATCH_BYTES),
+                r => driver::error("cuMemAlloc_v2", r),
+            });
+        }
         let mut streams = self.streams.write().unwrap_or_else(|e| e.into_inner());
-        streams.push(s as usize);
+        streams.push(StreamSlot {
+            handle: s as usize,
+            scratch,
+        });
         Ok(RawStream((streams.len() - 1) as u32))
     }
 
@@ -412,6 +508,20 @@ impl Backend for CudaBackend {
                 backend: NAME,
             })?;
         let (entry, variant_smem) = (choice.entry, choice.dynamic_smem);
+        self.bind()?;
+        let slot = self.stream_slot(stream)?;
+        let s = slot.handle as sys::CUstream;
+        // A variant with a pre-launch takes the stream's scratch as one more argument.
+        let mut with_scratch = [KernelArg::U32(0); MAX_ARGS];
+        let args = match &choice.pre {
+            Some(_) if args.len() < MAX_ARGS => {
+                with_scratch[..args.len()].copy_from_slice(args);
+                with_scratch[args.len()] = KernelArg::U64(slot.scratch);
+                &with_scratch[..=args.len()]
+            }
+            Some(_) => return Err(bad(format!("{} arguments and a scratch", args.len()))),
+            None => args,
+        };
         if let Some(params) = &entry.params {
             kernels::check_args(params, args).map_err(bad)?;
         }
@@ -421,13 +531,12 @@ impl Backend for CudaBackend {
         for (p, slot) in params.iter_mut().zip(slots.iter_mut()).take(n) {
             *p = (slot as *mut u64).cast::<c_void>();
         }
-        self.bind()?;
-        let s = self.stream(stream)?;
         let [gx, gy, gz] = cfg.grid;
-        let [bx, by, bz] = cfg.block;
         // A variant with coarser units than its kernel's runs on the blocks it has work for
-        // (its units are taken in grid-stride loops, as every kernel's).
-        let gx = match choice.grid.and_then(|g| g(args, bx)) {
+        // (its units are taken in grid-stride loops, as every kernel's); one with finer
+        // units on its own grid.
+        let gx = match choice.grid.and_then(|g| g(args, cfg.block[0])) {
+            Some(units) if choice.grid_exact => units,
             Some(units) => gx.min(units),
             None => gx,
         };
@@ -436,57 +545,16 @@ impl Backend for CudaBackend {
             Some(t) => t.start(s)?,
             None => None,
         };
-        let shared = cfg.shared_bytes.max(variant_smem);
-        if entry.dependent_launch {
-            // Programmatic stream serialization: the kernel may start once every block of
-            // the one before it has started; its pdl_begin() waits for that one's end.
-            let mut attr = sys::CUlaunchAttribute {
-                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-                pad: [0; 4],
-                value: sys::CUlaunchAttributeValue {
-                    programmaticStreamSerializationAllowed: 1,
-                },
-            };
-            let config = sys::CUlaunchConfig {
-                gridDimX: gx,
-                gridDimY: gy,
-                gridDimZ: gz,
-                blockDimX: bx,
-                blockDimY: by,
-                blockDimZ: bz,
-                sharedMemBytes: shared,
-                hStream: s,
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            // SAFETY: as below; `config` and `attr` live for the call.
-            check("cuLaunchKernelEx", unsafe {
-                sys::cuLaunchKernelEx(
-                    &config,
-                    entry.func,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            })?;
-        } else {
-            // SAFETY: `params` holds one pointer per kernel parameter (checked against the
-            // signature when the driver reports it), each to a slot alive for the call.
-            check("cuLaunchKernel", unsafe {
-                sys::cuLaunchKernel(
-                    entry.func,
-                    gx,
-                    gy,
-                    gz,
-                    bx,
-                    by,
-                    bz,
-                    shared,
-                    s,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            })?;
+        if let Some(pre) = &choice.pre {
+            // Same arguments (scratch included); ordered before the variant by the stream.
+            if let Some(params) = &pre.entry.params {
+                kernels::check_args(params, args).map_err(bad)?;
+            }
+            let (grid, block) = ([pre.grid, 1, 1], [pre.block, 1, 1]);
+            self.launch_entry(pre.entry, grid, block, 0, s, &mut params)?;
         }
+        let shared = cfg.shared_bytes.max(variant_smem);
+        self.launch_entry(entry, [gx, gy, gz], cfg.block, shared, s, &mut params)?;
         match (&self.timing, timed) {
             (Some(t), Some(start)) => t.end(kernel, start, s),
             _ => Ok(()),
@@ -598,14 +666,17 @@ impl Drop for CudaBackend {
                 // SAFETY: pooled events are idle.
                 unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) };
             }
-            for s in self
+            for slot in self
                 .streams
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .drain(..)
             {
                 // SAFETY: idle after the synchronisation above.
-                unsafe { sys::cuStreamDestroy_v2(s as sys::CUstream) };
+                unsafe {
+                    sys::cuStreamDestroy_v2(slot.handle as sys::CUstream);
+                    sys::cuMemFree_v2(slot.scratch);
+                }
             }
         }
         // SAFETY: balances the retain in `new`.

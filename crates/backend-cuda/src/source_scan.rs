@@ -76,6 +76,14 @@ mod tests {
             defs.iter()
                 .any(|d| d.name == "mul_mat_vec" && d.waits_for_previous)
         );
+        // mul_mat_vec_q8 (which waits itself, once its weights are requested) and the
+        // kernel launched before it.
+        for name in ["mul_mat_vec_q8", "quantise_act_q8"] {
+            assert!(
+                defs.iter().any(|d| d.name == name && d.waits_for_previous),
+                "{name}"
+            );
+        }
         // conformance.cu's kernels test ordered uploads and do not take part.
         assert!(
             defs.iter()

@@ -1,0 +1,228 @@
+//! mul_mat_vec_q8 (kernels-cuda/matvec_q8.cuh: the one-token variant of mul_mat over an
+//! activation quantised once per launch into the stream's scratch) on the GPU against
+//! mul_mat_vec, the same device with it left out (`STRATA_CUDA_SKIP=mul_mat_vec_q8`): bit
+//! for bit for every quantised format at decode shapes, launched as ops.rs launches them.
+//! And the scratch is per stream: two streams running different products at once, eagerly
+//! and from a captured graph, each give what they give alone. Skips with one line when
+//! there is no CUDA device.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Mutex;
+
+use strata_backend_cuda::{CudaOptions, LaunchOptions};
+use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg, Stream};
+use strata_quant::QuantType;
+
+static GPU: Mutex<()> = Mutex::new(());
+
+/// Device 0 with `skip` left out (every fused kernel in use), or `None` without a GPU.
+fn gpu(test: &str, skip: &str) -> Option<Device> {
+    let opts = CudaOptions {
+        launch: LaunchOptions {
+            skip_optional: skip.to_string(),
+            ..LaunchOptions::from_env()
+        },
+        ..CudaOptions::default()
+    };
+    match strata_backend_cuda::device_with(0, &opts) {
+        Ok(d) => Some(d),
+        Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
+            eprintln!("{test}: skipped, no CUDA device here ({e})");
+            None
+        }
+        Err(e) => panic!("a CUDA device is present but could not be opened: {e}"),
+    }
+}
+
+/// The formats mul_mat_vec quantises an activation for (kernels-cuda/quant.cuh).
+const FORMATS: [QuantType; 18] = {
+    use QuantType::*;
+    [
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S,
+        IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4,
+    ]
+};
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// `rows` random rows of `k` values of `ty`, with sane f16 scales (ggml-common.h offsets).
+fn random_weights(ty: QuantType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    use QuantType::*;
+    let scales: &[usize] = match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    };
+    let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * rows)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in w.chunks_exact_mut(ty.type_size()) {
+        if ty == MXFP4 {
+            block[0] = 118 + (rng.next_u64() % 8) as u8;
+        }
+        for &o in scales {
+            let d = half::f16::from_f32(0.002 + 0.02 * (rng.f32() + 1.0));
+            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    w
+}
+
+/// One product's inputs on a device.
+struct Product {
+    ty: QuantType,
+    m: usize,
+    k: usize,
+    w: DeviceBuffer<u8>,
+    x: DeviceBuffer<f32>,
+}
+
+impl Product {
+    fn new(dev: &Device, ty: QuantType, m: usize, k: usize, rng: &mut Rng) -> Self {
+        let w = random_weights(ty, m, k, rng);
+        let x: Vec<f32> = (0..k).map(|_| 2.0 * rng.f32()).collect();
+        let s = dev.main_stream();
+        Product {
+            ty,
+            m,
+            k,
+            w: dev.alloc_from(&w, s).unwrap(),
+            x: dev.alloc_from(&x, s).unwrap(),
+        }
+    }
+
+    /// y = x · wᵀ for one token on `stream`, launched as ops.rs launches it.
+    fn launch(&self, dev: &Device, y: &DeviceBuffer<f32>, stream: Stream) {
+        let args = Args::new()
+            .read(&self.w)
+            .read(&self.x)
+            .write(y)
+            .u32(self.ty.id())
+            .u32(self.m as u32)
+            .u32(self.k as u32)
+            .u32(1);
+        let cfg = LaunchCfg::linear(self.m.div_ceil(8) * 128, 128);
+        dev.launch(KernelId::MulMat, &cfg, &args, stream).unwrap();
+    }
+
+    fn run(&self, dev: &Device) -> Vec<f32> {
+        let y = dev.alloc::<f32>(self.m).unwrap();
+        self.launch(dev, &y, dev.main_stream());
+        download(dev, &y, dev.main_stream())
+    }
+}
+
+fn download(dev: &Device, y: &DeviceBuffer<f32>, s: Stream) -> Vec<f32> {
+    dev.download(y, s).unwrap().wait().unwrap()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec";
+    let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_vec_q8")) else {
+        return;
+    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        // Rows of 768 to 20,480 values (past the 8 steps a warp stages at once), row
+        // counts no multiple of a block's 4, the attention output's 2048 x 4096.
+        for (m, k) in [
+            (300, 768),
+            (37, 1280),
+            (64, 2048),
+            (2048, 4096),
+            (19, 5120),
+            (16, 20_480),
+        ] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            let w = random_weights(ty, m, k, &mut rng);
+            let x: Vec<f32> = (0..k).map(|_| 2.0 * rng.f32()).collect();
+            let run = |dev: &Device| {
+                let s = dev.main_stream();
+                let p = Product {
+                    ty,
+                    m,
+                    k,
+                    w: dev.alloc_from(&w, s).unwrap(),
+                    x: dev.alloc_from(&x, s).unwrap(),
+                };
+                p.run(dev)
+            };
+            let (a, b) = (run(&with), run(&without));
+            let ok = same_bits(&a, &b) && a.iter().all(|v| v.is_finite());
+            println!(
+                "mul_mat_vec_q8 {ty:?} {m}x{k} vs mul_mat_vec: {}",
+                if ok { "bit-exact" } else { "DIFFERENT" }
+            );
+            if !ok {
+                failures.push(format!("{ty:?} {m}x{k}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+#[test]
+fn each_stream_quantises_into_its_own_scratch() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(dev) = gpu("each_stream_quantises_into_its_own_scratch", "") else {
+        return;
+    };
+    let mut rng = Rng(77);
+    // Different formats, activations and row lengths, so a shared scratch would mix them.
+    let p1 = Product::new(&dev, QuantType::Q4_K, 512, 4096, &mut rng);
+    let p2 = Product::new(&dev, QuantType::Q8_0, 700, 2048, &mut rng);
+    let (alone1, alone2) = (p1.run(&dev), p2.run(&dev));
+    let (s1, s2) = (dev.create_stream().unwrap(), dev.create_stream().unwrap());
+    let y1: Vec<_> = (0..8).map(|_| dev.alloc::<f32>(p1.m).unwrap()).collect();
+    let y2: Vec<_> = (0..8).map(|_| dev.alloc::<f32>(p2.m).unwrap()).collect();
+    let g1 = dev.alloc::<f32>(p1.m).unwrap();
+    let mut graph = dev.capture(s1, |d| {
+        p1.launch(d, &g1, s1);
+        Ok(())
+    });
+    let graph = graph.as_mut().unwrap();
+    // Nothing orders the two streams: they run at once.
+    for i in 0..8 {
+        p1.launch(&dev, &y1[i], s1);
+        p2.launch(&dev, &y2[i], s2);
+        if i % 3 == 0 {
+            dev.replay(graph, s1).unwrap();
+        }
+    }
+    let mut ok = true;
+    for i in 0..8 {
+        ok &= same_bits(&download(&dev, &y1[i], s1), &alone1);
+        ok &= same_bits(&download(&dev, &y2[i], s2), &alone2);
+    }
+    ok &= same_bits(&download(&dev, &g1, s1), &alone1);
+    assert!(
+        ok,
+        "a product on two streams at once differs from the product alone"
+    );
+}

@@ -1,0 +1,247 @@
+// The one-token product over an activation quantised once per launch (model.cu's
+// quantise_act_q8 and mul_mat_vec_q8, the CUDA backend's variant of mul_mat for launches
+// of one token; crates/backend-cuda/src/variants.rs).
+//
+// Built for bytes in flight. mul_mat_vec (matvec.cuh) quantises the activation in every
+// block and then walks each weight row a 1,024-value step at a time, each lane waiting on
+// a short chain of dependent loads: on the H200 that left too few bytes in flight (Q4_K
+// 2048 x 4096 at 298 GB/s). Here:
+// - a small kernel launched just before quantises the activation row once into the
+//   backend's per-stream scratch, with quantise_tile itself (the same numbers as every
+//   other product kernel);
+// - blocks of up to MVQ_WARPS warps, one weight row a warp, so a 2,048-row matrix makes
+//   512 blocks, and each warp's dynamic shared memory holds up to MVQ_MAX_DEPTH steps of
+//   its row: the warp issues every 16-byte copy of those steps (cp.async, no registers)
+//   before it waits for the first, then consumes them in order as they land, so a row's
+//   whole weight stream is in flight at once;
+// - the weights are requested before the wait for the previous kernel (weights are never
+//   written by a kernel: common.cuh's PDL rule), so they load while the kernels ahead of
+//   it (and the quantisation) finish;
+// - the activation's quants are read from global memory (L1-cached, shared by every warp
+//   of the SM), one step ahead of the weights they meet.
+// Arithmetic is mv_dot's: lane j dots sub-block j of every step (the same decode of the
+// same bytes, the same integer sums and matmul.cuh's sub_value), the steps summed in order
+// with __fadd_rn, the lanes by warp_sum. So results are bit for bit mul_mat_vec's and the
+// tiled mul_mat's (speculative verify windows rely on a row not depending on its batch).
+#pragma once
+
+#include "common.cuh"
+#include "quant.cuh"
+#include "matmul.cuh"
+
+#define MVQ_WARPS 4       // warps of a block that compute (the backend sizes shared memory for 4)
+#define MVQ_MAX_DEPTH 8   // steps of a row staged at once (longer rows in chunks of this many)
+#define MVQ_QUANT_VALUES 256 // activation values a block of quantise_act_q8 takes
+
+// The quantised activation row in the scratch buffer, for k values: the quants at 0, the
+// scale of each 32 values at byte k, Q8_1's sums at byte k + k / 8 (quantise_tile's fields,
+// as pointers).
+struct MvqAct {
+    int8_t* q;
+    float* d;
+    float* s;
+};
+
+__device__ __forceinline__ MvqAct mvq_act(uint8_t* base, uint32_t k) {
+    return {(int8_t*)base, (float*)(base + k), (float*)(base + k + k / 8)};
+}
+
+// The activation format of weight type `type` (ACT_Q8_0, ACT_Q8_1 or ACT_Q8_K), or -1
+// for a type without one (float weights, unknown types).
+__device__ __forceinline__ int mvq_act_type(uint32_t type) {
+    switch (type) {
+#define MVQ_ACT(id, F) \
+    case id: return F::ACT;
+        QUANT_FORMATS(MVQ_ACT)
+#undef MVQ_ACT
+        default: return -1;
+    }
+}
+
+// Values [k0, k0 + len) of x quantised into the scratch, quantise_tile's code and layout.
+__device__ __forceinline__ void mvq_quantise_chunk(int act, const float* x, MvqAct a, uint32_t k,
+                                                   uint32_t k0, uint32_t len) {
+    MmUnit u = {};
+    u.x = x;
+    u.x_stride = k;
+    u.tn = 1;
+    u.k = k;
+    // quantise_tile writes value k0 + i at q[i], its scale at d[i / 32].
+    MvqAct at = {a.q + k0, a.d + k0 / 32, a.s + k0 / 32};
+    if (act == ACT_Q8_0) quantise_tile<ACT_Q8_0>(at, u, k0, len);
+    if (act == ACT_Q8_1) quantise_tile<ACT_Q8_1>(at, u, k0, len);
+    if (act == ACT_Q8_K) quantise_tile<ACT_Q8_K>(at, u, k0, len);
+}
+
+// pdl_begin() for a kernel that waits (pdl_wait) itself, later: the next kernel may be
+// placed from the start where the trigger says so ("early"), nothing is waited for yet.
+__device__ __forceinline__ void pdl_begin_deferred() { pdl_launch_dependents_if(1); }
+
+// The quantise kernel lets the product after it be placed at once (any trigger but "as
+// blocks exit"): it is a handful of blocks, and the product's blocks then request their
+// weights while it runs.
+__device__ __forceinline__ void pdl_begin_release_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (strata_pdl_trigger != 0) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    pdl_wait();
+}
+
+// 16-byte segments one staged step of F takes: the step's bytes at any alignment.
+template <class F>
+__device__ __forceinline__ constexpr uint32_t mvq_stage_u4() {
+    return (uint32_t)((MM_STEP / F::QK * F::BYTES + 30) / 16);
+}
+
+// Waits until at most `n` of this thread's newest cp.async groups are pending.
+__device__ __forceinline__ void cp_async_wait_pending(uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    }
+#else
+    (void)n;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// One step of a weight row (`bytes` from `src`) into `to`, as stage_bytes lays it out (the
+// 16-byte segments holding the range; `src & 15` bytes in), the lanes' copies in flight.
+__device__ __forceinline__ void mvq_issue_step(uint4* to, const uint8_t* src, uint32_t bytes) {
+    const int lane = threadIdx.x & 31;
+    const uint64_t a = (uint64_t)src, a0 = a & ~(uint64_t)15;
+    const uint32_t n16 = (uint32_t)((a + bytes - a0 + 15) >> 4);
+    const uint4* from = (const uint4*)a0;
+    for (uint32_t i = lane; i < n16; i += 32) cp_async16(to + i, from + i);
+}
+
+// dot_sub's arithmetic with the activation's 32 quants in registers.
+template <class F>
+__device__ __forceinline__ float mvq_dot(const Sub& s, const int* a, float da, float sa) {
+    int isum0 = 0, isum1 = 0, b0 = 0, b1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        isum0 = __dp4a(s.q[i], a[i], isum0);
+        isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
+    }
+    if (F::MIN) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            b0 = __dp4a(0x01010101, a[i], b0);
+            b1 = __dp4a(0x01010101, a[4 + i], b1);
+        }
+    }
+    return sub_value<F>(s, isum0, isum1, b0, b1, da, sa);
+}
+
+// The activation a lane meets in one step: 32 quants and their scale (and Q8_1 sum).
+struct MvqLaneAct {
+    int q[8];
+    float d, s;
+};
+
+template <class F>
+__device__ __forceinline__ void mvq_load_act(const MvqAct& act, uint32_t v, MvqLaneAct& out) {
+    const uint4* p = (const uint4*)(act.q + v);
+    const uint4 lo = p[0], hi = p[1];
+    out.q[0] = (int)lo.x;
+    out.q[1] = (int)lo.y;
+    out.q[2] = (int)lo.z;
+    out.q[3] = (int)lo.w;
+    out.q[4] = (int)hi.x;
+    out.q[5] = (int)hi.y;
+    out.q[6] = (int)hi.z;
+    out.q[7] = (int)hi.w;
+    out.d = act.d[v / 32];
+    out.s = F::OFFSET ? act.s[v / 32] : 0.0f;
+}
+
+// y[row] = w[row] · x for the rows of this kernel's blocks (grid-stride over groups of
+// `nw` rows, warp i taking row i of a group), `depth` steps of `stage_u4` segments staged
+// per warp. Every thread calls pdl_wait() once, after the first weights are requested.
+template <class F>
+__device__ void mvq_product(uint4* smem, uint32_t depth, const uint8_t* w, MvqAct act, float* y,
+                            uint32_t m, uint32_t k) {
+    constexpr int SUBS = F::QK / 32;
+    constexpr uint32_t STAGE = mvq_stage_u4<F>();
+    constexpr uint32_t STEP_BYTES = MM_STEP / F::QK * F::BYTES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
+    const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
+    uint4* ring = smem + (uint64_t)warp * depth * STAGE;
+    const uint64_t groups = (m + nw - 1) / nw;
+    bool waited = false;
+    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+        const uint32_t row = (uint32_t)g * nw + (uint32_t)warp;
+        // Whole warps only (warp_sum below); a warp past the rows stays out of it.
+        const bool mine = (uint32_t)warp < nw && row < m;
+        const uint8_t* wr = w + (uint64_t)row * row_bytes;
+        float acc = 0.0f;
+        for (uint32_t s0 = 0; s0 < steps; s0 += depth) {
+            const uint32_t cnt = min(depth, steps - s0);
+            if (mine) {
+                // Every copy of the chunk requested, a group per step.
+                for (uint32_t i = 0; i < cnt; i++) {
+                    const uint32_t v0 = (s0 + i) * MM_STEP;
+                    const uint32_t bytes = min((uint32_t)MM_STEP, k - v0) / F::QK * F::BYTES;
+                    mvq_issue_step(ring + i * STAGE, wr + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
+                    cp_async_commit();
+                }
+            }
+            if (!waited) {
+                pdl_wait();  // the activation is the quantise kernel's
+                waited = true;
+            }
+            if (!mine) continue;
+            MvqLaneAct a;
+            const uint32_t first = s0 * MM_STEP + (uint32_t)lane * 32;
+            if (first < k) mvq_load_act<F>(act, first, a);
+            for (uint32_t i = 0; i < cnt; i++) {
+                const uint32_t v0 = (s0 + i) * MM_STEP;
+                const uint32_t v = v0 + (uint32_t)lane * 32;
+                cp_async_wait_pending(cnt - 1 - i);
+                __syncwarp();  // every lane's copies of step i have landed
+                if (v < k) {
+                    // The next step's activation requested before this step's arithmetic.
+                    MvqLaneAct next;
+                    const bool more = i + 1 < cnt && v + MM_STEP < k;
+                    if (more) mvq_load_act<F>(act, v + MM_STEP, next);
+                    const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
+                    const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
+                    Sub s;
+                    F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                    acc = __fadd_rn(acc, mvq_dot<F>(s, a.q, a.d, a.s));
+                    if (more) a = next;
+                }
+            }
+            __syncwarp();  // the ring is refilled by the next chunk
+        }
+        pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
+        if ((uint32_t)warp >= nw) continue;
+        const float out = warp_sum(acc);
+        if (mine && lane == 0) y[row] = out;
+    }
+    if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
+}
+
+// Steps of F staged per warp in `smem_bytes` of dynamic shared memory (0: none fit).
+template <class F>
+__device__ __forceinline__ uint32_t mvq_depth(uint32_t smem_bytes, uint32_t k) {
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    const uint32_t fit = smem_bytes / (nw * mvq_stage_u4<F>() * 16);
+    const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
+    return min(min(fit, (uint32_t)MVQ_MAX_DEPTH), max(steps, 1u));
+}

@@ -1,0 +1,65 @@
+// mul_mat_vec_q8 (matvec_q8.cuh: the activation quantised once by quantise_act_q8, weight
+// rows staged a chunk of steps per warp) against mul_mat_vec: bit for bit, for every format
+// mul_mat_vec quantises, rows of 768 to 9,216 values (not whole 1,024-value steps but for
+// 2,048 and 4,096), row counts no multiple of a block's rows, weights off 16-byte
+// alignment, and launch shapes that change the chunking: the whole row staged at once, one
+// step at a time, three at a time; blocks of 2, 4 and 8 warps (4 compute); grids that
+// cover the rows and grids that stride. Included by main.cpp after its helpers.
+#pragma once
+
+static void test_vec_q8() {
+    struct Shape { int m, k; };
+    const Shape shapes[] = {{13, 768}, {9, 1280}, {7, 2048}, {6, 4096}, {5, 5120}, {11, 9216}};
+    // act: the scratch (quants, scales, Q8_1 sums: 1.25 bytes a value), 16-byte aligned.
+    std::vector<uint4> act_buf(9216 * 5 / 4 / 16 + 1);
+    uint8_t* act = (uint8_t*)act_buf.data();
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;  // float weights stay with mul_mat_vec (nothing to quantise)
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        const uint32_t stage = ((1024 / f.qk) * f.bytes + 30) / 16 * 16;  // mvq_stage_u4 · 16
+        for (auto [m, k] : shapes) {
+            if (k % f.qk != 0) continue;
+            auto w = random_weights(f, m, k);
+            std::vector<float> x(k);
+            for (auto& v : x) v = urand(2.0f);
+            x[3] = 0.0f;
+            if (k >= 512) std::fill(x.begin() + 256, x.begin() + 512, 0.0f);  // an all-zero block
+            x[600] = -2.5f;  // Q8_K: largest magnitude twice, opposite signs
+            x[601] = 2.5f;
+            const size_t off = 2;  // weights off 16-byte alignment
+            std::vector<uint8_t> buf(off + w.size() + 32, 0xA5);
+            memcpy(buf.data() + off, w.data(), w.size());
+            std::vector<float> ref(m, -1.0f);
+            launch(5, 128, [&] { mul_mat_vec(buf.data() + off, x.data(), ref.data(), f.id, m, k, 1); });
+            const int steps = (k + 1023) / 1024;
+            struct Cfg { unsigned grid, block; int depth; } cfgs[] = {
+                {(unsigned)(m + 3) / 4, 128, std::min(steps, 8)},  // the backend's launch
+                {2, 128, 1},                                        // a step at a time, grid-stride
+                {1, 256, 3},                                        // 8 warps (4 compute), one block
+                {3, 64, 2},                                         // 2-warp blocks
+            };
+            for (auto c : cfgs) {
+                const uint32_t nw = std::min(c.block / 32, 4u);
+                emu_dynamic_smem_bytes = nw * c.depth * stage;
+                std::fill(act_buf.begin(), act_buf.end(), uint4{0x5a5a5a5au, 0x5a5a5a5au, 0x5a5a5a5au, 0x5a5a5a5au});
+                std::vector<float> out(m, -2.0f);
+                launch((k + 255) / 256, 256, [&] { quantise_act_q8(buf.data() + off, x.data(), out.data(), f.id, m, k, 1, act); });
+                launch(c.grid, c.block, [&] { mul_mat_vec_q8(buf.data() + off, x.data(), out.data(), f.id, m, k, 1, act); });
+                char what[160];
+                snprintf(what, sizeof what, "mul_mat_vec_q8 %s %dx%d grid %u block %u depth %d vs mul_mat_vec (bit-exact)", f.name, m, k, c.grid, c.block, c.depth);
+                report(what, memcmp(ref.data(), out.data(), m * 4) == 0 ? 0.0 : 1.0, 0);
+            }
+        }
+    }
+    // Arguments it cannot take give NaN: no shared memory for a step, more than one token.
+    const Fmt& f = FORMATS[10];  // Q4_K
+    auto w = random_weights(f, 4, 1024);
+    std::vector<float> x(2048, 1.0f), out(8, 0.0f);
+    emu_dynamic_smem_bytes = 0;
+    launch(1, 128, [&] { mul_mat_vec_q8(w.data(), x.data(), out.data(), f.id, 4, 1024, 1, act); });
+    bool nan = std::all_of(out.begin(), out.begin() + 4, [](float v) { return std::isnan(v); });
+    emu_dynamic_smem_bytes = 4 * 37 * 16;
+    launch(1, 128, [&] { mul_mat_vec_q8(w.data(), x.data(), out.data(), f.id, 4, 1024, 2, act); });
+    nan = nan && std::all_of(out.begin(), out.end(), [](float v) { return std::isnan(v); });
+    report("mul_mat_vec_q8 without shared memory or with 2 tokens: NaN", nan ? 0.0 : 1.0, 0);
+}
