@@ -74,8 +74,14 @@ fn mvq_smem(ty: u32, k: u32, tokens: u32, rows: u32) -> Option<u32> {
     t.row_bytes(k as usize)?;
     let step = u32::try_from(t.row_bytes(1024)?).ok()?;
     let stage = (step + 30) / 16 * 16;
-    Some(MVQ_WARPS * rows * k.div_ceil(1024).min(MVQ_MAX_DEPTH) * stage)
+    // At most the 48 KiB a block has without opting in (Q8_0's gate and up rows: 5 steps).
+    let fit = MVQ_SMEM_MAX / (MVQ_WARPS * rows * stage);
+    let depth = k.div_ceil(1024).min(MVQ_MAX_DEPTH).min(fit);
+    (depth > 0).then_some(MVQ_WARPS * rows * depth * stage)
 }
+
+/// Dynamic shared memory a kernel may take without raising its limit.
+const MVQ_SMEM_MAX: u32 = 48 * 1024;
 
 /// Blocks of matvec_q8.cuh's products: a unit of up to MVQ_WARPS rows (a row a warp) per
 /// `per_row_group` (slots), whatever grid the launch had.
@@ -452,6 +458,10 @@ mod tests {
         // Q4_K, 2,048 values: 4 warps x 2 rows x 2 steps of 592 bytes.
         assert_eq!((v.applies)(&args(1), 0), Some(4 * 2 * 2 * 592));
         assert!((v.applies)(&args(2), 0).is_none());
+        // Q8_0's 65,536 values: 5 steps of 1,104 bytes fit 48 KiB, not 8.
+        let mut q8 = args(1);
+        (q8[5], q8[7]) = (KernelArg::U32(8), KernelArg::U32(65_536));
+        assert_eq!((v.applies)(&q8, 0), Some(4 * 2 * 5 * 1104));
         // 768 rows in units of 4, per slot.
         assert_eq!((v.grid.unwrap())(&args(1), 128), Some(192 * 8));
         assert_eq!((v.pre.as_ref().unwrap().grid)(&args(1)), Some(8));
