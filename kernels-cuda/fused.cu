@@ -17,6 +17,8 @@
 #include "rope.cuh"
 #include "rownorm.cuh"
 #include "router.cuh"
+#include "mma.cuh"
+#include "matvec_q8.cuh"
 
 __device__ __forceinline__ bool fused_whole_warps() { return (blockDim.x & 31) == 0; }
 
@@ -253,6 +255,81 @@ extern "C" __global__ void __launch_bounds__(256, 4)
                                default: break;
                            }
                        });
+}
+
+// experts_gate_up_q8's rows (matvec_q8.cuh): unit g is (slot g / groups, group g % groups
+// of nw rows); a warp's two rows are its row of the gate and of the up matrix of the
+// slot's expert, a negative id's rows NaN (as for_each_slot_unit).
+struct MvqGateUpRows {
+    const uint8_t *wg, *wu;
+    const int32_t* ids;
+    float* y;
+    uint64_t row_bytes, expert_bytes_g, expert_bytes_u, slots;
+    uint32_t m, nw;
+    __device__ uint64_t groups() const { return (m + nw - 1) / nw; }
+    __device__ uint64_t units() const { return slots * groups(); }
+    __device__ void rows(uint64_t g, int warp, const uint8_t** p) const {
+        const uint64_t slot = g / groups(), row = (g % groups()) * nw + (uint64_t)warp;
+        const int32_t e = ids[slot];
+        if (e < 0 || row >= m) return;
+        p[0] = wg + (uint64_t)e * expert_bytes_g + row * row_bytes;
+        p[1] = wu + (uint64_t)e * expert_bytes_u + row * row_bytes;
+    }
+    __device__ void store(uint64_t g, int warp, const float* out) const {
+        const uint64_t slot = g / groups(), row = (g % groups()) * nw + (uint64_t)warp;
+        if (row >= m) return;
+        y[slot * m + row] = ids[slot] < 0 ? nan_f32() : __fmul_rn(ggml_vsilu(out[0]), out[1]);
+    }
+};
+
+// experts_gate_up for one token over an activation quantised once (matvec_q8.cuh): the CUDA
+// backend's variant for one-token launches, bit for bit experts_gate_up's results. The
+// backend launches quantise_act_q8_gate_up just before it on the same stream, both with
+// experts_gate_up's arguments and `act`, its per-stream scratch; the dynamic shared memory
+// (mvq_depth) holds each warp's staged steps of its gate and up rows; n_tokens must be 1.
+// The rows are the router's choice, so (unlike mul_mat_vec_q8) nothing is requested before
+// the previous kernel is done.
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8_gate_up(const uint8_t* wg, const uint8_t* wu, const float* x,
+                            const int32_t* ids, float* y, uint32_t type, uint32_t m, uint32_t k,
+                            uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes_g,
+                            uint64_t expert_bytes_u, uint8_t* act) {
+    pdl_begin_release_next();
+    if (n_tokens == 1) mvq_quantise_row(x, act, type, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    experts_gate_up_q8(const uint8_t* wg, const uint8_t* wu, const float* x, const int32_t* ids,
+                       float* y, uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                       uint32_t n_used, uint64_t expert_bytes_g, uint64_t expert_bytes_u,
+                       uint8_t* act) {
+    pdl_begin_deferred();  // waits in mvq_product, first (the ids are the router's)
+    MMA_SMEM(smem);
+    const uint32_t bytes = mma_smem_size();
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    const MvqGateUpRows rows = {wg, wu, ids, y, mm_row_bytes(type, k), expert_bytes_g,
+                                expert_bytes_u, slots, m, nw};
+    bool done = false;
+    if (fused_whole_warps() && mm_shape_ok(type, k) && n_tokens == 1) {
+        switch (type) {
+#define GUQ_CASE(id, F)                                                                    \
+    case id: {                                                                             \
+        const uint32_t depth = mvq_depth<F, 2>(bytes, k);                                  \
+        if (depth > 0) mvq_product<F, 2>((uint4*)smem, depth, rows, mvq_act(act, k), k, true); \
+        done = depth > 0;                                                                  \
+        break;                                                                             \
+    }
+            QUANT_FORMATS(GUQ_CASE)
+#undef GUQ_CASE
+            default: break;
+        }
+    }
+    (void)x;
+    if (!done) {
+        pdl_wait();
+        fill_nan(y, slots * m);
+    }
 }
 
 // ---- one-token products and what follows them, in one launch ------------------------------

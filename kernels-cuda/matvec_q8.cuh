@@ -73,6 +73,20 @@ __device__ __forceinline__ void mvq_quantise_chunk(int act, const float* x, MvqA
     if (act == ACT_Q8_K) quantise_tile<ACT_Q8_K>(at, u, k0, len);
 }
 
+// The quantise kernels' work: the activation row x (k values of weight type `type`'s
+// activation format) into the scratch, MVQ_QUANT_VALUES values a block (grid-stride).
+// Nothing for arguments the products refuse (they write NaN).
+__device__ __forceinline__ void mvq_quantise_row(const float* x, uint8_t* act, uint32_t type,
+                                                 uint32_t k) {
+    const int a = mvq_act_type(type);
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || a < 0) return;
+    const MvqAct qa = mvq_act(act, k);
+    const uint64_t stride = (uint64_t)gridDim.x * MVQ_QUANT_VALUES;
+    for (uint64_t k0 = (uint64_t)blockIdx.x * MVQ_QUANT_VALUES; k0 < k; k0 += stride)
+        mvq_quantise_chunk(a, x, qa, k, (uint32_t)k0,
+                           min((uint32_t)MVQ_QUANT_VALUES, k - (uint32_t)k0));
+}
+
 // pdl_begin() for a kernel that waits (pdl_wait) itself, later: the next kernel may be
 // placed from the start where the trigger says so ("early"), nothing is waited for yet.
 __device__ __forceinline__ void pdl_begin_deferred() { pdl_launch_dependents_if(1); }
@@ -168,36 +182,68 @@ __device__ __forceinline__ void mvq_load_act(const MvqAct& act, uint32_t v, MvqL
     out.s = F::OFFSET ? act.s[v / 32] : 0.0f;
 }
 
-// y[row] = w[row] · x for the rows of this kernel's blocks (grid-stride over groups of
-// `nw` rows, warp i taking row i of a group), `depth` steps of `stage_u4` segments staged
-// per warp. Every thread calls pdl_wait() once, after the first weights are requested.
-template <class F>
-__device__ void mvq_product(uint4* smem, uint32_t depth, const uint8_t* w, MvqAct act, float* y,
-                            uint32_t m, uint32_t k) {
+// The rows of mul_mat_vec_q8: unit g is rows g · nw.. (warp i takes row g · nw + i).
+struct MvqDenseRows {
+    const uint8_t* w;
+    uint64_t row_bytes;
+    float* y;
+    uint32_t m, nw;
+    __device__ uint64_t units() const { return (m + nw - 1) / nw; }
+    // Row pointers of this warp in unit g (null: none).
+    __device__ void rows(uint64_t g, int warp, const uint8_t** p) const {
+        const uint64_t row = g * nw + (uint64_t)warp;
+        p[0] = row < m ? w + row * row_bytes : nullptr;
+    }
+    // Lane 0 of each warp of unit g with its rows' dot products.
+    __device__ void store(uint64_t g, int warp, const float* out) const {
+        const uint64_t row = g * nw + (uint64_t)warp;
+        if (row < m) y[row] = out[0];
+    }
+};
+
+// y = x · W(e)ᵀ for the rows of `R` weight matrices at once (a unit's rows come from
+// `rows.rows`, its results go to `rows.store`), grid-stride over rows.units(), warp i of
+// a block taking the unit's i-th rows; `depth` steps of each row staged per warp (ring:
+// row r's step i at (r · depth + i) segments of F's stage). Every thread calls pdl_wait()
+// once: after the first unit's weights are requested, or first when `wait_first` (rows
+// chosen by what an earlier kernel wrote).
+template <class F, int R, class Rows>
+__device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, MvqAct act, uint32_t k,
+                            bool wait_first) {
     constexpr int SUBS = F::QK / 32;
     constexpr uint32_t STAGE = mvq_stage_u4<F>();
     constexpr uint32_t STEP_BYTES = MM_STEP / F::QK * F::BYTES;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
     const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
-    uint4* ring = smem + (uint64_t)warp * depth * STAGE;
-    const uint64_t groups = (m + nw - 1) / nw;
-    bool waited = false;
-    for (uint64_t g = blockIdx.x; g < groups; g += gridDim.x) {
-        const uint32_t row = (uint32_t)g * nw + (uint32_t)warp;
-        // Whole warps only (warp_sum below); a warp past the rows stays out of it.
-        const bool mine = (uint32_t)warp < nw && row < m;
-        const uint8_t* wr = w + (uint64_t)row * row_bytes;
-        float acc = 0.0f;
+    uint4* ring = smem + (uint64_t)warp * R * depth * STAGE;
+    bool waited = wait_first;
+    if (wait_first) pdl_wait();
+    const uint64_t units = rows.units();
+    for (uint64_t g = blockIdx.x; g < units; g += gridDim.x) {
+        // Whole warps only (warp_sum below); a warp past the block's 4 stays out of it.
+        const uint8_t* wr[R];
+        bool mine = false;
+#pragma unroll
+        for (int r = 0; r < R; r++) wr[r] = nullptr;
+        if ((uint32_t)warp < nw) rows.rows(g, warp, wr);
+#pragma unroll
+        for (int r = 0; r < R; r++) mine |= wr[r] != nullptr;
+        float acc[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = 0.0f;
         for (uint32_t s0 = 0; s0 < steps; s0 += depth) {
             const uint32_t cnt = min(depth, steps - s0);
             if (mine) {
-                // Every copy of the chunk requested, a group per step.
+                // Every copy of the chunk requested, a group per step (all rows).
                 for (uint32_t i = 0; i < cnt; i++) {
                     const uint32_t v0 = (s0 + i) * MM_STEP;
                     const uint32_t bytes = min((uint32_t)MM_STEP, k - v0) / F::QK * F::BYTES;
-                    mvq_issue_step(ring + i * STAGE, wr + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+                        if (wr[r])
+                            mvq_issue_step(ring + (r * depth + i) * STAGE,
+                                           wr[r] + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
                     cp_async_commit();
                 }
             }
@@ -210,8 +256,7 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const uint8_t* w, MvqAc
             const uint32_t first = s0 * MM_STEP + (uint32_t)lane * 32;
             if (first < k) mvq_load_act<F>(act, first, a);
             for (uint32_t i = 0; i < cnt; i++) {
-                const uint32_t v0 = (s0 + i) * MM_STEP;
-                const uint32_t v = v0 + (uint32_t)lane * 32;
+                const uint32_t v = (s0 + i) * MM_STEP + (uint32_t)lane * 32;
                 cp_async_wait_pending(cnt - 1 - i);
                 __syncwarp();  // every lane's copies of step i have landed
                 if (v < k) {
@@ -219,11 +264,16 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const uint8_t* w, MvqAc
                     MvqLaneAct next;
                     const bool more = i + 1 < cnt && v + MM_STEP < k;
                     if (more) mvq_load_act<F>(act, v + MM_STEP, next);
-                    const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
-                    const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
-                    Sub s;
-                    F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
-                    acc = __fadd_rn(acc, mvq_dot<F>(s, a.q, a.d, a.s));
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        if (!wr[r]) continue;
+                        const uint64_t a0 = (uint64_t)(wr[r] + (uint64_t)(s0 + i) * STEP_BYTES);
+                        const uint8_t* staged =
+                            (const uint8_t*)(ring + (r * depth + i) * STAGE) + (a0 & 15);
+                        Sub s;
+                        F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                        acc[r] = __fadd_rn(acc[r], mvq_dot<F>(s, a.q, a.d, a.s));
+                    }
                     if (more) a = next;
                 }
             }
@@ -231,17 +281,20 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const uint8_t* w, MvqAc
         }
         pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
         if ((uint32_t)warp >= nw) continue;
-        const float out = warp_sum(acc);
-        if (mine && lane == 0) y[row] = out;
+        float out[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) out[r] = warp_sum(acc[r]);
+        if (lane == 0) rows.store(g, warp, out);
     }
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }
 
-// Steps of F staged per warp in `smem_bytes` of dynamic shared memory (0: none fit).
-template <class F>
+// Steps of each of R rows of F staged per warp in `smem_bytes` of dynamic shared memory
+// (0: none fit).
+template <class F, int R>
 __device__ __forceinline__ uint32_t mvq_depth(uint32_t smem_bytes, uint32_t k) {
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    const uint32_t fit = smem_bytes / (nw * mvq_stage_u4<F>() * 16);
+    const uint32_t fit = smem_bytes / (nw * R * mvq_stage_u4<F>() * 16);
     const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
     return min(min(fit, (uint32_t)MVQ_MAX_DEPTH), max(steps, 1u));
 }

@@ -227,12 +227,7 @@ extern "C" __global__ void __launch_bounds__(256)
     quantise_act_q8(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                     uint32_t k, uint32_t n, uint8_t* act) {
     pdl_begin_release_next();
-    const int a = mvq_act_type(type);
-    if (!whole_warps() || !mm_shape_ok(type, k) || a < 0 || n != 1) return;  // the product: NaN
-    const MvqAct qa = mvq_act(act, k);
-    const uint64_t stride = (uint64_t)gridDim.x * MVQ_QUANT_VALUES;
-    for (uint64_t k0 = (uint64_t)blockIdx.x * MVQ_QUANT_VALUES; k0 < k; k0 += stride)
-        mvq_quantise_chunk(a, x, qa, k, (uint32_t)k0, min((uint32_t)MVQ_QUANT_VALUES, k - (uint32_t)k0));
+    if (n == 1) mvq_quantise_row(x, act, type, k);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -242,13 +237,15 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     MMA_SMEM(smem);
     const uint32_t bytes = mma_smem_size();
     const MvqAct qa = mvq_act(act, k);
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
     bool done = false;
     if (whole_warps() && mm_shape_ok(type, k) && n == 1) {
         switch (type) {
 #define MVQ_CASE(id, F)                                                    \
     case id: {                                                             \
-        const uint32_t depth = mvq_depth<F>(bytes, k);                     \
-        if (depth > 0) mvq_product<F>((uint4*)smem, depth, w, qa, y, m, k); \
+        const uint32_t depth = mvq_depth<F, 1>(bytes, k);                  \
+        const MvqDenseRows rows = {w, mm_row_bytes(type, k), y, m, nw};    \
+        if (depth > 0) mvq_product<F, 1>((uint4*)smem, depth, rows, qa, k, false); \
         done = depth > 0;                                                  \
         break;                                                             \
     }

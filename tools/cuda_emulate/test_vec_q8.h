@@ -4,7 +4,9 @@
 // 2,048 and 4,096), row counts no multiple of a block's rows, weights off 16-byte
 // alignment, and launch shapes that change the chunking: the whole row staged at once, one
 // step at a time, three at a time; blocks of 2, 4 and 8 warps (4 compute); grids that
-// cover the rows and grids that stride. Included by main.cpp after its helpers.
+// cover the rows and grids that stride. The same for experts_gate_up_q8 (gate and up rows
+// of 8 slots' experts, a warp each) against experts_gate_up. Included by main.cpp after its
+// helpers.
 #pragma once
 
 static void test_vec_q8() {
@@ -48,6 +50,45 @@ static void test_vec_q8() {
                 char what[160];
                 snprintf(what, sizeof what, "mul_mat_vec_q8 %s %dx%d grid %u block %u depth %d vs mul_mat_vec (bit-exact)", f.name, m, k, c.grid, c.block, c.depth);
                 report(what, memcmp(ref.data(), out.data(), m * 4) == 0 ? 0.0 : 1.0, 0);
+            }
+        }
+    }
+    // experts_gate_up_q8 against experts_gate_up, one token of 8 slots (one of them a
+    // negative id: NaN rows), 10 experts off 16-byte alignment of each other.
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        const uint32_t stage = ((1024 / f.qk) * f.bytes + 30) / 16 * 16;
+        for (auto [m, k] : std::vector<Shape>{{13, 768}, {6, 2048}, {5, 5120}}) {
+            const int n_used = 8, n_exp = 10;
+            const size_t rb = (size_t)(k / f.qk) * f.bytes, eg = rb * m + 2, eu = rb * m + 34;
+            std::vector<uint8_t> wg, wu;
+            for (int e = 0; e < n_exp; e++) {
+                auto a = random_weights(f, m, k), b = random_weights(f, m, k);
+                wg.insert(wg.end(), a.begin(), a.end()); wg.insert(wg.end(), eg - rb * m, 0xEE);
+                wu.insert(wu.end(), b.begin(), b.end()); wu.insert(wu.end(), eu - rb * m, 0xEE);
+            }
+            wg.insert(wg.end(), 32, 0xEE); wu.insert(wu.end(), 32, 0xEE);
+            std::vector<int32_t> ids(n_used);
+            for (auto& i : ids) i = rng() % n_exp;
+            ids[5] = -1;
+            std::vector<float> x(k);
+            for (auto& v : x) v = urand(2.0f);
+            x[600] = -2.5f;
+            x[601] = 2.5f;
+            std::vector<float> ref((size_t)n_used * m, -1.0f);
+            launch(4, 128, [&] { experts_gate_up(wg.data(), wu.data(), x.data(), ids.data(), ref.data(), f.id, m, k, 1, n_used, eg, eu); });
+            const int steps = (k + 1023) / 1024;
+            struct Cfg { unsigned grid, block; int depth; } cfgs[] = {
+                {(unsigned)((m + 3) / 4 * n_used), 128, std::min(steps, 8)}, {3, 128, 1}, {2, 256, 3}, {5, 64, 2}};
+            for (auto c : cfgs) {
+                emu_dynamic_smem_bytes = std::min(c.block / 32, 4u) * 2 * c.depth * stage;
+                std::vector<float> out(ref.size(), -2.0f);
+                launch((k + 255) / 256, 256, [&] { quantise_act_q8_gate_up(wg.data(), wu.data(), x.data(), ids.data(), out.data(), f.id, m, k, 1, n_used, eg, eu, act); });
+                launch(c.grid, c.block, [&] { experts_gate_up_q8(wg.data(), wu.data(), x.data(), ids.data(), out.data(), f.id, m, k, 1, n_used, eg, eu, act); });
+                char what[160];
+                snprintf(what, sizeof what, "experts_gate_up_q8 %s %dx%d grid %u block %u depth %d vs experts_gate_up (bit-exact)", f.name, m, k, c.grid, c.block, c.depth);
+                report(what, memcmp(ref.data(), out.data(), ref.size() * 4) == 0 ? 0.0 : 1.0, 0);
             }
         }
     }

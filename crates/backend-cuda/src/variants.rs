@@ -60,22 +60,42 @@ const MVQ_MAX_K: u32 = 65_536;
 const MVQ_WARPS: u32 = 4;
 const MVQ_MAX_DEPTH: u32 = 8;
 
-/// Dynamic shared memory mul_mat_vec_q8 takes: each of MVQ_WARPS warps stages up to
-/// MVQ_MAX_DEPTH steps of its row (mvq_stage_u4: a step's bytes at any alignment, in
-/// 16-byte segments). `None` for a launch it does not take: more than one token, a float
-/// format (nothing to quantise; mul_mat_vec runs it), a row longer than the scratch holds
-/// or not whole blocks.
-fn mul_mat_vec_q8_smem(args: &[KernelArg], _limit: u32) -> Option<u32> {
-    // mul_mat(w, x, y | type, m, k, n)
-    let (ty, k, n) = (u32_arg(args, 3)?, u32_arg(args, 5)?, u32_arg(args, 6)?);
-    if n != 1 || k == 0 || k > MVQ_MAX_K {
+/// Dynamic shared memory matvec_q8.cuh's products take for `rows` weight rows a warp
+/// (mul_mat_vec_q8 1, experts_gate_up_q8 2: gate and up) of ggml type `ty` and `k`
+/// values: each of MVQ_WARPS warps stages up to MVQ_MAX_DEPTH steps of each row
+/// (mvq_stage_u4: a step's bytes at any alignment, in 16-byte segments). `None` for a
+/// launch they do not take: more than one token, a float format (nothing to quantise), a
+/// row longer than the scratch holds or not whole blocks.
+fn mvq_smem(ty: u32, k: u32, tokens: u32, rows: u32) -> Option<u32> {
+    if tokens != 1 || k == 0 || k > MVQ_MAX_K {
         return None;
     }
     let t = tensor_core_format(ty)?;
     t.row_bytes(k as usize)?;
     let step = u32::try_from(t.row_bytes(1024)?).ok()?;
     let stage = (step + 30) / 16 * 16;
-    Some(MVQ_WARPS * k.div_ceil(1024).min(MVQ_MAX_DEPTH) * stage)
+    // At most the 48 KiB a block has without opting in (Q8_0's gate and up rows: 5 steps).
+    let fit = MVQ_SMEM_MAX / (MVQ_WARPS * rows * stage);
+    let depth = k.div_ceil(1024).min(MVQ_MAX_DEPTH).min(fit);
+    (depth > 0).then_some(MVQ_WARPS * rows * depth * stage)
+}
+
+/// Dynamic shared memory a kernel may take without raising its limit.
+const MVQ_SMEM_MAX: u32 = 48 * 1024;
+
+/// Blocks of matvec_q8.cuh's products: a unit of up to MVQ_WARPS rows (a row a warp) per
+/// `per_row_group` (slots), whatever grid the launch had.
+fn mvq_grid(m: u32, per_row_group: u32, block_threads: u32) -> Option<u32> {
+    let warps = (block_threads / 32).clamp(1, MVQ_WARPS);
+    m.div_ceil(warps)
+        .checked_mul(per_row_group)
+        .map(|g| g.max(1))
+}
+
+/// The quantise kernel before matvec_q8.cuh's products: 256 values a block of 256 threads
+/// (MVQ_QUANT_VALUES), for `k` values.
+fn mvq_quantise_grid(k: u32) -> u32 {
+    k.div_ceil(256).max(1)
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -205,25 +225,22 @@ fn attention_prefill_grid(args: &[KernelArg], block_threads: u32) -> Option<u32>
     tiles.checked_mul(n_kv_head).map(|b| b.max(1))
 }
 
-/// Variants for launches of one token (kernels-cuda/matvec.cuh: fewer registers, no
+/// Variants for launches of one token (kernels-cuda/matvec_q8.cuh: the activation
+/// quantised once, every weight row's bytes in flight; matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
 pub(crate) const VARIANTS: &[Variant] = &[
     // mul_mat(w, x, y | type, m, k, n)
     Variant {
         of: KernelId::MulMat,
         func: "mul_mat_vec_q8",
-        applies: mul_mat_vec_q8_smem,
+        applies: |a, _| mvq_smem(u32_arg(a, 3)?, u32_arg(a, 5)?, u32_arg(a, 6)?, 1),
         large_smem: false,
         // A row a warp (ops.rs's grid has two), so an SM holds more warps.
-        grid: Some(|a, block| {
-            let warps = (block / 32).clamp(1, MVQ_WARPS);
-            Some(u32_arg(a, 4)?.div_ceil(warps).max(1))
-        }),
+        grid: Some(|a, block| mvq_grid(u32_arg(a, 4)?, 1, block)),
         grid_exact: true,
-        // Blocks of 256 threads, 256 values each (matvec_q8.cuh's MVQ_QUANT_VALUES).
         pre: Some(PreLaunch {
             func: "quantise_act_q8",
-            grid: |a| Some(u32_arg(a, 5)?.div_ceil(256).max(1)),
+            grid: |a| Some(mvq_quantise_grid(u32_arg(a, 5)?)),
             block: 256,
         }),
     },
@@ -333,6 +350,24 @@ pub(crate) const VARIANTS: &[Variant] = &[
         }),
         grid_exact: false,
         pre: None,
+    },
+    // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, ...): one token.
+    Variant {
+        of: KernelId::ExpertsGateUp,
+        func: "experts_gate_up_q8",
+        applies: |a, _| mvq_smem(u32_arg(a, 5)?, u32_arg(a, 7)?, u32_arg(a, 8)?, 2),
+        large_smem: false,
+        // A gate and up row pair a warp, per slot (as ops.rs's grid for 4-warp blocks).
+        grid: Some(|a, block| {
+            let slots = u32_arg(a, 8)?.checked_mul(u32_arg(a, 9)?)?;
+            mvq_grid(u32_arg(a, 6)?, slots, block)
+        }),
+        grid_exact: true,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_gate_up",
+            grid: |a| Some(mvq_quantise_grid(u32_arg(a, 7)?)),
+            block: 256,
+        }),
     },
     // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
     Variant {
@@ -459,6 +494,33 @@ mod tests {
         // first variant that applies); the scratch holds the longest row it takes.
         assert!(find("mul_mat_vec_q8") < find("mul_mat_vec"));
         assert_eq!(SCRATCH_BYTES, 65_536 + 65_536 / 32 * 8);
+    }
+
+    #[test]
+    fn experts_gate_up_q8_takes_one_token() {
+        // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, eb_g, eb_u)
+        let args = |n_tokens| {
+            let u = KernelArg::U32;
+            let mut a = vec![KernelArg::U64(0x1000); 5];
+            a.extend([u(12), u(768), u(2048), u(n_tokens), u(8)]);
+            a.extend([KernelArg::U64(1 << 20), KernelArg::U64(1 << 20)]);
+            a
+        };
+        let v = VARIANTS
+            .iter()
+            .find(|v| v.func == "experts_gate_up_q8")
+            .unwrap();
+        assert_eq!(v.of, KernelId::ExpertsGateUp);
+        // Q4_K, 2,048 values: 4 warps x 2 rows x 2 steps of 592 bytes.
+        assert_eq!((v.applies)(&args(1), 0), Some(4 * 2 * 2 * 592));
+        assert!((v.applies)(&args(2), 0).is_none());
+        // Q8_0's 65,536 values: 5 steps of 1,104 bytes fit 48 KiB, not 8.
+        let mut q8 = args(1);
+        (q8[5], q8[7]) = (KernelArg::U32(8), KernelArg::U32(65_536));
+        assert_eq!((v.applies)(&q8, 0), Some(4 * 2 * 5 * 1104));
+        // 768 rows in units of 4, per slot.
+        assert_eq!((v.grid.unwrap())(&args(1), 128), Some(192 * 8));
+        assert_eq!((v.pre.as_ref().unwrap().grid)(&args(1)), Some(8));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! mul_mat_vec_q8 (kernels-cuda/matvec_q8.cuh: the one-token variant of mul_mat over an
 //! activation quantised once per launch into the stream's scratch) on the GPU against
 //! mul_mat_vec, the same device with it left out (`STRATA_CUDA_SKIP=mul_mat_vec_q8`): bit
-//! for bit for every quantised format at decode shapes, launched as ops.rs launches them.
+//! for bit for every quantised format at decode shapes, launched as ops.rs launches them;
+//! likewise experts_gate_up_q8 against experts_gate_up.
 //! And the scratch is per stream: two streams running different products at once, eagerly
 //! and from a captured graph, each give what they give alone. Skips with one line when
 //! there is no CUDA device.
@@ -177,6 +178,85 @@ fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
             let ok = same_bits(&a, &b) && a.iter().all(|v| v.is_finite());
             println!(
                 "mul_mat_vec_q8 {ty:?} {m}x{k} vs mul_mat_vec: {}",
+                if ok { "bit-exact" } else { "DIFFERENT" }
+            );
+            if !ok {
+                failures.push(format!("{ty:?} {m}x{k}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+#[test]
+fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "experts_gate_up_q8_is_bit_for_bit_experts_gate_up";
+    let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "experts_gate_up_q8")) else {
+        return;
+    };
+    let mut rng = Rng(0x2545_f491);
+    let (n_expert, n_used) = (16usize, 8usize);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        // Qwen3-30B-A3B's expert shape (768 x 2048), a short row tail, a long row.
+        for (m, k) in [(768, 2048), (37, 1280), (21, 5120)] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            // Experts need not be back to back, nor gate and up alike.
+            let (eg, eu) = (
+                ty.row_bytes(k).unwrap() * m + 2,
+                ty.row_bytes(k).unwrap() * m + 32,
+            );
+            let experts = |rng: &mut Rng, stride: usize| {
+                let mut w = Vec::new();
+                for _ in 0..n_expert {
+                    w.extend(random_weights(ty, m, k, rng));
+                    w.resize(w.len() + stride - ty.row_bytes(k).unwrap() * m, 0xEE);
+                }
+                w
+            };
+            let (wg, wu) = (experts(&mut rng, eg), experts(&mut rng, eu));
+            let mut ids: Vec<i32> = (0..n_used)
+                .map(|_| (rng.next_u64() % n_expert as u64) as i32)
+                .collect();
+            ids[3] = -1; // NaN rows
+            let x: Vec<f32> = (0..k).map(|_| 2.0 * rng.f32()).collect();
+            let run = |dev: &Device| {
+                let s = dev.main_stream();
+                let (bg, bu) = (
+                    dev.alloc_from(&wg, s).unwrap(),
+                    dev.alloc_from(&wu, s).unwrap(),
+                );
+                let (bx, bi) = (
+                    dev.alloc_from(&x, s).unwrap(),
+                    dev.alloc_from(&ids, s).unwrap(),
+                );
+                let y = dev.alloc::<f32>(n_used * m).unwrap();
+                let args = Args::new()
+                    .read(&bg)
+                    .read(&bu)
+                    .read(&bx)
+                    .read(&bi)
+                    .write(&y)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(1)
+                    .u32(n_used as u32)
+                    .u64(eg as u64)
+                    .u64(eu as u64);
+                // ops.rs's shape: 4-warp blocks of 4 row pairs, per slot.
+                let cfg = LaunchCfg::linear(m.div_ceil(4) * n_used * 128, 128);
+                dev.launch(KernelId::ExpertsGateUp, &cfg, &args, s).unwrap();
+                download(dev, &y, s)
+            };
+            let (a, b) = (run(&with), run(&without));
+            let nan_rows = a[3 * m..4 * m].iter().all(|v| v.is_nan());
+            let ok = same_bits(&a, &b) && nan_rows;
+            println!(
+                "experts_gate_up_q8 {ty:?} {m}x{k} vs experts_gate_up: {}",
                 if ok { "bit-exact" } else { "DIFFERENT" }
             );
             if !ok {
