@@ -65,9 +65,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat_experts_cached_grou
     pdl_begin();
     __shared__ MmShared sh;
     __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
-    __shared__ uint32_t tile_x[MM_TOKENS], tile_y[MM_TOKENS];
-    __shared__ int tile_n;
-    __shared__ uint64_t tile_next;
+    __shared__ ExpertTiles tiles;
     const uint64_t pairs = (uint64_t)n_tokens * n_used;
     if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
         for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
@@ -85,39 +83,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat_experts_cached_grou
     u.y_stride = m;
     u.m = m;
     u.k = k;
-    u.x_rows = tile_x;
-    u.y_rows = tile_y;
+    u.x_rows = tiles.x;
+    u.y_rows = tiles.y;
     for (uint64_t un = blockIdx.x; un < ranks.count * groups; un += gridDim.x) {
         const int e = expert_of_rank(present, ranks, (int)(un / groups));
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
         // Block-uniform: every thread sees the same expert and table entry.
         const bool valid = e >= 0 && (uint32_t)e < n_expert;
         const int32_t s = valid ? table[e] : -1;
         if (valid && s < 0) continue;  // the CPU pool computes this expert's pairs
         u.w = slots + (uint64_t)(s < 0 ? 0 : s) * slot_bytes + matrix_offset;
-        u.r0 = r0;
-        // The expert's pairs, a tile of up to MM_TOKENS at a time, in slot order.
-        uint64_t s0 = 0;
-        while (true) {
-            __syncthreads();  // the previous tile is done with tile_x/tile_y
-            collect_expert_pairs(ids, pairs, e, n_used, x_per_slot, MM_TOKENS, s0, tile_x, tile_y,
-                                 &tile_n, &tile_next);
-            __syncthreads();
-            const int n = tile_n;
-            s0 = tile_next;
-            if (n == 0) break;
-            if (!valid) {
-                for (int i = 0; i < n; i++)
-                    for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                        y[(uint64_t)tile_y[i] * m + r] = nan_f32();
-            } else {
-                u.tn = n;
-                u.act_key = 0;
-                staged = ~(uint64_t)0;  // each tile quantises its own rows
-                mm_unit(sh, type, u, staged);
-            }
-            if (s0 >= pairs) break;
-        }
+        u.r0 = (uint32_t)(un % groups) * rows;
+        expert_pair_tiles(sh, type, u, tiles, ids, pairs, e, valid, n_used, x_per_slot, rows,
+                          staged);
     }
 }
 

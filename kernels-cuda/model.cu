@@ -276,9 +276,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     pdl_begin();
     __shared__ MmShared sh;
     __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
-    __shared__ uint32_t tile_x[MM_TOKENS], tile_y[MM_TOKENS];
-    __shared__ int tile_n;
-    __shared__ uint64_t tile_next;
+    __shared__ ExpertTiles tiles;
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     if (!whole_warps() || !mm_shape_ok(type, k)) return fill_nan(y, slots * m);
     const uint32_t rows = mm_rows_per_unit();
@@ -302,35 +300,14 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     const ExpertRanks ranks = expert_ranks(ids, slots, present);
     u.x = x;
     u.y = y;
-    u.x_rows = tile_x;
-    u.y_rows = tile_y;
+    u.x_rows = tiles.x;
+    u.y_rows = tiles.y;
     for (uint64_t un = blockIdx.x; un < ranks.count * groups; un += gridDim.x) {
         const int e = expert_of_rank(present, ranks, (int)(un / groups));
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
         u.w = w + (uint64_t)(e < 0 ? 0 : e) * expert_bytes;
-        u.r0 = r0;
-        // The expert's pairs, a tile of up to MM_TOKENS at a time, in slot order.
-        uint64_t s0 = 0;
-        while (true) {
-            __syncthreads();  // the previous tile is done with tile_x/tile_y
-            collect_expert_pairs(ids, slots, e, n_used, x_per_slot, MM_TOKENS, s0, tile_x, tile_y,
-                                 &tile_n, &tile_next);
-            __syncthreads();
-            const int n = tile_n;
-            s0 = tile_next;
-            if (n == 0) break;
-            if (e < 0) {
-                for (int i = 0; i < n; i++)
-                    for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                        y[(uint64_t)tile_y[i] * m + r] = nan_f32();
-            } else {
-                u.tn = n;
-                u.act_key = 0;
-                staged = ~(uint64_t)0;  // each tile quantises its own rows
-                mm_unit(sh, type, u, staged);
-            }
-            if (s0 >= slots) break;
-        }
+        u.r0 = (uint32_t)(un % groups) * rows;
+        expert_pair_tiles(sh, type, u, tiles, ids, slots, e, e >= 0, n_used, x_per_slot, rows,
+                          staged);
     }
 }
 

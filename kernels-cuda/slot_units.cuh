@@ -138,3 +138,42 @@ __device__ __forceinline__ void collect_expert_pairs(const int32_t* ids, uint64_
         *tile_next = s < slots ? s : slots;
     }
 }
+
+// A grouped unit's gathered rows: the pairs of the current tile (activation row, slot).
+struct ExpertTiles {
+    uint32_t x[MM_TOKENS], y[MM_TOKENS];
+    int n;
+    uint64_t next;
+};
+
+// Expert e's pairs (e < 0: the invalid ids) through weight rows u.r0.. of u.w, a tile of up
+// to MM_TOKENS pairs at a time in slot order, each tile quantising its own rows; `valid`
+// false: NaN rows for them instead. `u` has its shape fields, x, y and r0 set, and its
+// gathered rows pointing at `t`. Every thread of the block calls it (`t` is shared).
+__device__ __forceinline__ void expert_pair_tiles(MmShared& sh, uint32_t type, MmUnit& u,
+                                                  ExpertTiles& t, const int32_t* ids,
+                                                  uint64_t slots, int e, bool valid,
+                                                  uint32_t n_used, uint32_t x_per_slot,
+                                                  uint32_t rows, uint64_t& staged) {
+    uint64_t s0 = 0;
+    while (true) {
+        __syncthreads();  // the previous tile is done with t
+        collect_expert_pairs(ids, slots, e, n_used, x_per_slot, MM_TOKENS, s0, t.x, t.y, &t.n,
+                             &t.next);
+        __syncthreads();
+        const int n = t.n;
+        s0 = t.next;
+        if (n == 0) break;
+        if (!valid) {
+            for (int i = 0; i < n; i++)
+                for (uint32_t r = u.r0 + threadIdx.x; r < min(u.r0 + rows, u.m); r += blockDim.x)
+                    u.y[(uint64_t)t.y[i] * u.m + r] = nan_f32();
+        } else {
+            u.tn = n;
+            u.act_key = 0;
+            staged = ~(uint64_t)0;  // each tile quantises its own rows
+            mm_unit(sh, type, u, staged);
+        }
+        if (s0 >= slots) break;
+    }
+}
