@@ -281,6 +281,46 @@ fn mul_mat_matches_the_cpu_for_every_format() {
     rep.finish();
 }
 
+/// The shape of a mul_mat_experts launch: weights of `ty`, `m` x `k` per expert, experts
+/// `expert_bytes` apart; `n_used` slots a token, activations per token or per slot.
+struct ExpertsShape {
+    ty: QuantType,
+    m: usize,
+    k: usize,
+    n_used: usize,
+    per_slot: bool,
+    expert_bytes: usize,
+}
+
+/// mul_mat_experts on `d` over `n_tokens` tokens of x (rows per token or per slot) routed
+/// by `ids`, launched as crates/model/src/ops.rs launches it.
+fn mul_mat_experts_on(
+    d: &Device,
+    s: &ExpertsShape,
+    w: &[u8],
+    x: &[f32],
+    ids: &[i32],
+    n_tokens: usize,
+) -> Vec<f32> {
+    let (bw, bx, bi) = (upload(d, w), upload(d, x), upload(d, ids));
+    let slots = n_tokens * s.n_used;
+    let by = d.alloc::<f32>(slots * s.m).unwrap();
+    let args = Args::new()
+        .read(&bw)
+        .read(&bx)
+        .read(&bi)
+        .write(&by)
+        .u32(s.ty.id())
+        .u32(s.m as u32)
+        .u32(s.k as u32)
+        .u32(n_tokens as u32)
+        .u32(s.n_used as u32)
+        .u32(s.per_slot as u32)
+        .u64(s.expert_bytes as u64);
+    launch(d, KernelId::MulMatExperts, &ops_cfg(slots * s.m), &args);
+    download(d, &by)
+}
+
 #[test]
 fn mul_mat_experts_matches_the_cpu_for_every_format() {
     let Some(p) = pair("mul_mat_experts_matches_the_cpu_for_every_format") else {
@@ -317,27 +357,15 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
             let x = activations(&mut rng, x_rows, k);
             // The product of `n_tokens` rows of x' (and their ids) on `d`.
             let run = |d: &Device, x: &[f32], ids: &[i32], n_tokens: usize| {
-                let (bw, bx, bi) = (upload(d, &w), upload(d, x), upload(d, ids));
-                let by = d.alloc::<f32>(n_tokens * n_used * m).unwrap();
-                let args = Args::new()
-                    .read(&bw)
-                    .read(&bx)
-                    .read(&bi)
-                    .write(&by)
-                    .u32(ty.id())
-                    .u32(m as u32)
-                    .u32(k as u32)
-                    .u32(n_tokens as u32)
-                    .u32(n_used as u32)
-                    .u32(per_slot as u32)
-                    .u64(expert_bytes as u64);
-                launch(
-                    d,
-                    KernelId::MulMatExperts,
-                    &ops_cfg(n_tokens * n_used * m),
-                    &args,
-                );
-                download(d, &by)
+                let shape = ExpertsShape {
+                    ty,
+                    m,
+                    k,
+                    n_used,
+                    per_slot,
+                    expert_bytes,
+                };
+                mul_mat_experts_on(d, &shape, &w, x, ids, n_tokens)
             };
             let (cpu, gpu) = (
                 run(&p.cpu, &x, &ids, n_tokens),
@@ -417,29 +445,19 @@ fn mul_mat_experts_cached_equals_the_uncached_kernel() {
                 slots[at..at + matrix].copy_from_slice(&experts[e]);
             }
         }
-        let (bw, bslots, btable) = (upload(d, &w), upload(d, &slots), upload(d, &table));
+        let (bslots, btable) = (upload(d, &slots), upload(d, &table));
         for n_tokens in [1usize, 3, 5, 9] {
             let ids: Vec<i32> = (0..n_tokens * n_used)
                 .map(|_| rng.below(n_expert) as i32)
                 .collect();
             let x = activations(&mut rng, n_tokens, k);
-            let uncached = |x: &[f32], ids: &[i32], n: usize| {
-                let (bx, bi) = (upload(d, x), upload(d, ids));
-                let by = d.alloc::<f32>(n * n_used * m).unwrap();
-                let args = Args::new()
-                    .read(&bw)
-                    .read(&bx)
-                    .read(&bi)
-                    .write(&by)
-                    .u32(ty.id())
-                    .u32(m as u32)
-                    .u32(k as u32)
-                    .u32(n as u32)
-                    .u32(n_used as u32)
-                    .u32(0)
-                    .u64(expert_bytes as u64);
-                launch(d, KernelId::MulMatExperts, &ops_cfg(n * n_used * m), &args);
-                download(d, &by)
+            let shape = ExpertsShape {
+                ty,
+                m,
+                k,
+                n_used,
+                per_slot: false,
+                expert_bytes,
             };
             let cached = |x: &[f32], ids: &[i32], n: usize| {
                 let (bx, bi) = (upload(d, x), upload(d, ids));
@@ -464,7 +482,7 @@ fn mul_mat_experts_cached_equals_the_uncached_kernel() {
                 launch(d, KernelId::MulMatExpertsCached, &cfg, &args);
                 download(d, &by)
             };
-            let want = uncached(&x, &ids, n_tokens);
+            let want = mul_mat_experts_on(d, &shape, &w, &x, &ids, n_tokens);
             let got = cached(&x, &ids, n_tokens);
             // Resident pairs as the uncached kernel; the pool's pairs untouched.
             let expect: Vec<f32> = want
