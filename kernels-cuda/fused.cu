@@ -266,6 +266,8 @@ struct MvqGateUpRows {
     float* y;
     uint64_t row_bytes, expert_bytes_g, expert_bytes_u, slots;
     uint32_t m, nw;
+    MvqActRow a;
+    __device__ MvqActRow act(uint64_t) const { return a; }
     __device__ uint64_t groups() const { return (m + nw - 1) / nw; }
     __device__ uint64_t units() const { return slots * groups(); }
     __device__ void rows(uint64_t g, int warp, const uint8_t** p) const {
@@ -295,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(256)
                             uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes_g,
                             uint64_t expert_bytes_u, uint8_t* act) {
     pdl_begin_release_next();
-    if (n_tokens == 1) mvq_quantise_row(x, act, type, k);
+    if (n_tokens == 1) mvq_quantise_rows(x, act, type, k);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -308,15 +310,15 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     const uint32_t bytes = mma_smem_size();
     const uint64_t slots = (uint64_t)n_tokens * n_used;
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    const MvqGateUpRows rows = {wg, wu, ids, y, mm_row_bytes(type, k), expert_bytes_g,
-                                expert_bytes_u, slots, m, nw};
+    const MvqGateUpRows rows = {wg,    wu, ids, y, mm_row_bytes(type, k), expert_bytes_g,
+                                expert_bytes_u, slots, m, nw, {act, k}};
     bool done = false;
     if (fused_whole_warps() && mm_shape_ok(type, k) && n_tokens == 1) {
         switch (type) {
 #define GUQ_CASE(id, F)                                                                    \
     case id: {                                                                             \
         const uint32_t depth = mvq_depth<F, 2>(bytes, k);                                  \
-        if (depth > 0) mvq_product<F, 2>((uint4*)smem, depth, rows, mvq_act(act, k), k, true); \
+        if (depth > 0) mvq_product<F, 2>((uint4*)smem, depth, rows, k, true);                 \
         done = depth > 0;                                                                  \
         break;                                                                             \
     }

@@ -46,6 +46,12 @@ __device__ __forceinline__ MvqAct mvq_act(uint8_t* base, uint32_t k) {
     return {(int8_t*)base, (float*)(base + k), (float*)(base + k + k / 8)};
 }
 
+// Bytes between the quantised rows of several activation rows (mul_mat_experts_q8's
+// per-slot rows): a row's 1.25 bytes a value, rounded up to 16 (the quants' loads).
+__device__ __forceinline__ uint64_t mvq_row_stride(uint32_t k) {
+    return ((uint64_t)k * 5 / 4 + 15) / 16 * 16;
+}
+
 // The activation format of weight type `type` (ACT_Q8_0, ACT_Q8_1 or ACT_Q8_K), or -1
 // for a type without one (float weights, unknown types).
 __device__ __forceinline__ int mvq_act_type(uint32_t type) {
@@ -73,18 +79,21 @@ __device__ __forceinline__ void mvq_quantise_chunk(int act, const float* x, MvqA
     if (act == ACT_Q8_K) quantise_tile<ACT_Q8_K>(at, u, k0, len);
 }
 
-// The quantise kernels' work: the activation row x (k values of weight type `type`'s
-// activation format) into the scratch, MVQ_QUANT_VALUES values a block (grid-stride).
-// Nothing for arguments the products refuse (they write NaN).
-__device__ __forceinline__ void mvq_quantise_row(const float* x, uint8_t* act, uint32_t type,
-                                                 uint32_t k) {
+// The quantise kernels' work: `rows` activation rows x (k values each, weight type
+// `type`'s activation format) into the scratch, row r at r · mvq_row_stride(k),
+// MVQ_QUANT_VALUES values a block (grid-stride). Nothing for arguments the products
+// refuse (they write NaN).
+__device__ __forceinline__ void mvq_quantise_rows(const float* x, uint8_t* act, uint32_t type,
+                                                  uint32_t k, uint32_t rows = 1) {
     const int a = mvq_act_type(type);
-    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || a < 0) return;
-    const MvqAct qa = mvq_act(act, k);
-    const uint64_t stride = (uint64_t)gridDim.x * MVQ_QUANT_VALUES;
-    for (uint64_t k0 = (uint64_t)blockIdx.x * MVQ_QUANT_VALUES; k0 < k; k0 += stride)
-        mvq_quantise_chunk(a, x, qa, k, (uint32_t)k0,
-                           min((uint32_t)MVQ_QUANT_VALUES, k - (uint32_t)k0));
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || a < 0 || k == 0) return;
+    const uint64_t chunks = (k + MVQ_QUANT_VALUES - 1) / MVQ_QUANT_VALUES;
+    for (uint64_t c = blockIdx.x; c < chunks * rows; c += gridDim.x) {
+        const uint64_t r = c / chunks;
+        const uint32_t k0 = (uint32_t)(c % chunks) * MVQ_QUANT_VALUES;
+        const MvqAct qa = mvq_act(act + r * mvq_row_stride(k), k);
+        mvq_quantise_chunk(a, x + r * k, qa, k, k0, min((uint32_t)MVQ_QUANT_VALUES, k - k0));
+    }
 }
 
 // pdl_begin() for a kernel that waits (pdl_wait) itself, later: the next kernel may be
@@ -166,9 +175,16 @@ struct MvqLaneAct {
     float d, s;
 };
 
+// One quantised activation row as the products read it: mvq_act's layout from `base`
+// (a pointer and k rather than three pointers: fewer registers across the loop).
+struct MvqActRow {
+    const uint8_t* base;
+    uint32_t k;
+};
+
 template <class F>
-__device__ __forceinline__ void mvq_load_act(const MvqAct& act, uint32_t v, MvqLaneAct& out) {
-    const uint4* p = (const uint4*)(act.q + v);
+__device__ __forceinline__ void mvq_load_act(const MvqActRow& act, uint32_t v, MvqLaneAct& out) {
+    const uint4* p = (const uint4*)(act.base + v);
     const uint4 lo = p[0], hi = p[1];
     out.q[0] = (int)lo.x;
     out.q[1] = (int)lo.y;
@@ -178,8 +194,9 @@ __device__ __forceinline__ void mvq_load_act(const MvqAct& act, uint32_t v, MvqL
     out.q[5] = (int)hi.y;
     out.q[6] = (int)hi.z;
     out.q[7] = (int)hi.w;
-    out.d = act.d[v / 32];
-    out.s = F::OFFSET ? act.s[v / 32] : 0.0f;
+    const float* d = (const float*)(act.base + act.k);
+    out.d = d[v / 32];
+    out.s = F::OFFSET ? d[act.k / 32 + v / 32] : 0.0f;
 }
 
 // The rows of mul_mat_vec_q8: unit g is rows g · nw.. (warp i takes row g · nw + i).
@@ -188,7 +205,10 @@ struct MvqDenseRows {
     uint64_t row_bytes;
     float* y;
     uint32_t m, nw;
+    MvqActRow a;
     __device__ uint64_t units() const { return (m + nw - 1) / nw; }
+    // The quantised activation unit g's rows meet.
+    __device__ MvqActRow act(uint64_t) const { return a; }
     // Row pointers of this warp in unit g (null: none).
     __device__ void rows(uint64_t g, int warp, const uint8_t** p) const {
         const uint64_t row = g * nw + (uint64_t)warp;
@@ -202,13 +222,14 @@ struct MvqDenseRows {
 };
 
 // y = x · W(e)ᵀ for the rows of `R` weight matrices at once (a unit's rows come from
-// `rows.rows`, its results go to `rows.store`), grid-stride over rows.units(), warp i of
+// `rows.rows`, its activation from `rows.act`, its results go to `rows.store`),
+// grid-stride over rows.units(), warp i of
 // a block taking the unit's i-th rows; `depth` steps of each row staged per warp (ring:
 // row r's step i at (r · depth + i) segments of F's stage). Every thread calls pdl_wait()
 // once: after the first unit's weights are requested, or first when `wait_first` (rows
 // chosen by what an earlier kernel wrote).
 template <class F, int R, class Rows>
-__device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, MvqAct act, uint32_t k,
+__device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, uint32_t k,
                             bool wait_first) {
     constexpr int SUBS = F::QK / 32;
     constexpr uint32_t STAGE = mvq_stage_u4<F>();
@@ -252,6 +273,7 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, MvqAc
                 waited = true;
             }
             if (!mine) continue;
+            const MvqActRow act = rows.act(g);
             MvqLaneAct a;
             const uint32_t first = s0 * MM_STEP + (uint32_t)lane * 32;
             if (first < k) mvq_load_act<F>(act, first, a);

@@ -227,7 +227,7 @@ extern "C" __global__ void __launch_bounds__(256)
     quantise_act_q8(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                     uint32_t k, uint32_t n, uint8_t* act) {
     pdl_begin_release_next();
-    if (n == 1) mvq_quantise_row(x, act, type, k);
+    if (n == 1) mvq_quantise_rows(x, act, type, k);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     pdl_begin_deferred();  // waits in mvq_product, once its weights are requested
     MMA_SMEM(smem);
     const uint32_t bytes = mma_smem_size();
-    const MvqAct qa = mvq_act(act, k);
+    const MvqActRow qa = {act, k};
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
     bool done = false;
     if (whole_warps() && mm_shape_ok(type, k) && n == 1) {
@@ -244,8 +244,8 @@ extern "C" __global__ void __launch_bounds__(256, 4)
 #define MVQ_CASE(id, F)                                                    \
     case id: {                                                             \
         const uint32_t depth = mvq_depth<F, 1>(bytes, k);                  \
-        const MvqDenseRows rows = {w, mm_row_bytes(type, k), y, m, nw};    \
-        if (depth > 0) mvq_product<F, 1>((uint4*)smem, depth, rows, qa, k, false); \
+        const MvqDenseRows rows = {w, mm_row_bytes(type, k), y, m, nw, qa}; \
+        if (depth > 0) mvq_product<F, 1>((uint4*)smem, depth, rows, k, false); \
         done = depth > 0;                                                  \
         break;                                                             \
     }
@@ -326,6 +326,86 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     MmUnit u = one_row_unit(type, m, k);
     for_each_slot_unit(w, x, ids, y, slots, n_used, x_per_slot, expert_bytes, mv_rows_per_unit(),
                        u, [&](const MmUnit& v, int32_t) { mv_unit(sh, type, v, staged); });
+}
+
+// mul_mat_experts_q8's rows (matvec_q8.cuh): unit g is (slot g / groups, group g % groups
+// of nw rows), a warp's row of the slot's expert, against the slot's activation row as
+// quantise_act_q8_experts left it in the scratch (x row `slot` with x_per_slot, else the
+// token's); a negative id's rows NaN (as for_each_slot_unit).
+struct MvqSlotRows {
+    const uint8_t* w;
+    const int32_t* ids;
+    float* y;
+    uint8_t* act_base;
+    uint64_t expert_bytes;
+    // 32-bit unit arithmetic (a 64-bit division costs registers the loop needs).
+    uint32_t row_bytes, act_stride, groups, slots, m, k, nw, n_used, x_per_slot;
+    __device__ uint64_t units() const { return (uint64_t)slots * groups; }
+    __device__ MvqActRow act(uint64_t g) const {
+        const uint32_t slot = (uint32_t)g / groups, xrow = x_per_slot ? slot : slot / n_used;
+        return {act_base + (uint64_t)xrow * act_stride, k};
+    }
+    __device__ void rows(uint64_t g, int warp, const uint8_t** p) const {
+        const uint32_t slot = (uint32_t)g / groups;
+        const uint32_t row = ((uint32_t)g - slot * groups) * nw + (uint32_t)warp;
+        const int32_t e = ids[slot];
+        if (e >= 0 && row < m) p[0] = w + (uint64_t)e * expert_bytes + (uint64_t)row * row_bytes;
+    }
+    __device__ void store(uint64_t g, int warp, const float* out) const {
+        const uint32_t slot = (uint32_t)g / groups;
+        const uint32_t row = ((uint32_t)g - slot * groups) * nw + (uint32_t)warp;
+        if (row < m) y[(uint64_t)slot * m + row] = ids[slot] < 0 ? nan_f32() : out[0];
+    }
+};
+
+// mul_mat_experts for one token over activation rows quantised once (matvec_q8.cuh): the
+// CUDA backend's variant for one-token launches of the quantised formats, bit for bit
+// mul_mat_experts_vec's results. The backend launches quantise_act_q8_experts just before
+// it on the same stream (the token's row, or each slot's with x_per_slot, at
+// mvq_row_stride apart), both with mul_mat_experts' arguments and `act`, its per-stream
+// scratch; n_tokens must be 1. The rows are the router's choice: nothing is requested
+// before the previous kernel is done.
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8_experts(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                            uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                            uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes,
+                            uint8_t* act) {
+    pdl_begin_release_next();
+    if (n_tokens == 1) mvq_quantise_rows(x, act, type, k, x_per_slot ? n_used : 1);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+    mul_mat_experts_q8(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                       uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+                       uint32_t x_per_slot, uint64_t expert_bytes, uint8_t* act) {
+    pdl_begin_deferred();  // waits in mvq_product, first (the ids are the router's)
+    MMA_SMEM(smem);
+    const uint32_t bytes = mma_smem_size();
+    const uint64_t slots = (uint64_t)n_tokens * n_used;
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    const MvqSlotRows rows = {w,        ids, y, act, expert_bytes, (uint32_t)mm_row_bytes(type, k),
+                              (uint32_t)mvq_row_stride(k), (m + nw - 1) / nw, (uint32_t)slots,
+                              m,        k,   nw, n_used, x_per_slot};
+    bool done = false;
+    if (whole_warps() && mm_shape_ok(type, k) && n_tokens == 1) {
+        switch (type) {
+#define MEQ_CASE(id, F)                                                       \
+    case id: {                                                                \
+        const uint32_t depth = mvq_depth<F, 1>(bytes, k);                     \
+        if (depth > 0) mvq_product<F, 1>((uint4*)smem, depth, rows, k, true); \
+        done = depth > 0;                                                     \
+        break;                                                                \
+    }
+            QUANT_FORMATS(MEQ_CASE)
+#undef MEQ_CASE
+            default: break;
+        }
+    }
+    (void)x;
+    if (!done) {
+        pdl_wait();
+        fill_nan(y, slots * m);
+    }
 }
 
 // ---- mul_mat and mul_mat_experts on tensor cores (mma.cuh) -----------------------------------

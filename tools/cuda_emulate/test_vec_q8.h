@@ -5,8 +5,9 @@
 // alignment, and launch shapes that change the chunking: the whole row staged at once, one
 // step at a time, three at a time; blocks of 2, 4 and 8 warps (4 compute); grids that
 // cover the rows and grids that stride. The same for experts_gate_up_q8 (gate and up rows
-// of 8 slots' experts, a warp each) against experts_gate_up. Included by main.cpp after its
-// helpers.
+// of 8 slots' experts, a warp each) against experts_gate_up, and mul_mat_experts_q8 (the
+// token's row or a row per slot) against mul_mat_experts_vec. Included by main.cpp after
+// its helpers.
 #pragma once
 
 static void test_vec_q8() {
@@ -89,6 +90,49 @@ static void test_vec_q8() {
                 char what[160];
                 snprintf(what, sizeof what, "experts_gate_up_q8 %s %dx%d grid %u block %u depth %d vs experts_gate_up (bit-exact)", f.name, m, k, c.grid, c.block, c.depth);
                 report(what, memcmp(ref.data(), out.data(), ref.size() * 4) == 0 ? 0.0 : 1.0, 0);
+            }
+        }
+    }
+    // mul_mat_experts_q8 against mul_mat_experts_vec: one token of 8 slots (one a negative
+    // id), the token's row or one row per slot (x_per_slot, the down projection's form).
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;
+        if (!fmt_only.empty() && fmt_only.find(std::string(",") + f.name + ",") == std::string::npos) continue;
+        const uint32_t stage = ((1024 / f.qk) * f.bytes + 30) / 16 * 16;
+        for (auto [m, k] : std::vector<Shape>{{13, 768}, {5, 2048}, {6, 5120}}) {
+            const int n_used = 8, n_exp = 10;
+            const size_t rb = (size_t)(k / f.qk) * f.bytes, eb = rb * m + 2;
+            std::vector<uint8_t> w;
+            for (int e = 0; e < n_exp; e++) {
+                auto a = random_weights(f, m, k);
+                w.insert(w.end(), a.begin(), a.end()); w.insert(w.end(), eb - rb * m, 0xEE);
+            }
+            w.insert(w.end(), 32, 0xEE);
+            std::vector<int32_t> ids(n_used);
+            for (auto& i : ids) i = rng() % n_exp;
+            ids[2] = -1;
+            std::vector<float> x((size_t)n_used * k);
+            for (auto& v : x) v = urand(2.0f);
+            x[600] = -2.5f;
+            x[601] = 2.5f;
+            const size_t stride = ((size_t)k * 5 / 4 + 15) / 16 * 16;
+            std::vector<uint4> slot_act(stride * n_used / 16 + 1);
+            for (int per_slot = 0; per_slot < 2; per_slot++) {
+                std::vector<float> ref((size_t)n_used * m, -1.0f);
+                launch(3, 128, [&] { mul_mat_experts_vec(w.data(), x.data(), ids.data(), ref.data(), f.id, m, k, 1, n_used, per_slot, eb); });
+                const int steps = (k + 1023) / 1024;
+                struct Cfg { unsigned grid, block; int depth; } cfgs[] = {
+                    {(unsigned)((m + 3) / 4 * n_used), 128, std::min(steps, 8)}, {3, 128, 1}, {2, 256, 3}};
+                for (auto c : cfgs) {
+                    emu_dynamic_smem_bytes = std::min(c.block / 32, 4u) * c.depth * stage;
+                    uint8_t* sa = (uint8_t*)slot_act.data();
+                    std::vector<float> out(ref.size(), -2.0f);
+                    launch(5, 256, [&] { quantise_act_q8_experts(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, 1, n_used, per_slot, eb, sa); });
+                    launch(c.grid, c.block, [&] { mul_mat_experts_q8(w.data(), x.data(), ids.data(), out.data(), f.id, m, k, 1, n_used, per_slot, eb, sa); });
+                    char what[160];
+                    snprintf(what, sizeof what, "mul_mat_experts_q8 %s %dx%d per_slot %d grid %u block %u depth %d vs mul_mat_experts_vec (bit-exact)", f.name, m, k, per_slot, c.grid, c.block, c.depth);
+                    report(what, memcmp(ref.data(), out.data(), ref.size() * 4) == 0 ? 0.0 : 1.0, 0);
+                }
             }
         }
     }

@@ -98,6 +98,16 @@ fn mvq_quantise_grid(k: u32) -> u32 {
     k.div_ceil(256).max(1)
 }
 
+/// mul_mat_experts_q8's launches: `Some((activation rows, k))` for one token, the token's
+/// row or (x_per_slot) one per slot, when they fit the scratch at mvq_row_stride apart.
+/// mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, expert_bytes)
+fn mvq_expert_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
+    let (k, n_used, per_slot) = (u32_arg(a, 6)?, u32_arg(a, 8)?, u32_arg(a, 9)?);
+    let rows = if per_slot != 0 { n_used } else { 1 };
+    let stride = (u64::from(k) * 5 / 4).div_ceil(16) * 16;
+    (u64::from(rows) * stride <= SCRATCH_BYTES as u64).then_some((rows, k))
+}
+
 /// The u32 scalar at argument `i`, if that is one.
 fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
     match args.get(i) {
@@ -285,6 +295,29 @@ pub(crate) const VARIANTS: &[Variant] = &[
         pre: None,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_q8",
+        applies: |a, _| {
+            mvq_expert_rows(a)?;
+            mvq_smem(u32_arg(a, 4)?, u32_arg(a, 6)?, u32_arg(a, 7)?, 1)
+        },
+        large_smem: false,
+        // A row a warp, per slot.
+        grid: Some(|a, block| {
+            let slots = u32_arg(a, 7)?.checked_mul(u32_arg(a, 8)?)?;
+            mvq_grid(u32_arg(a, 5)?, slots, block)
+        }),
+        grid_exact: true,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_experts",
+            grid: |a| {
+                let (rows, k) = mvq_expert_rows(a)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+    },
     Variant {
         of: KernelId::MulMatExperts,
         func: "mul_mat_experts_vec",
@@ -521,6 +554,33 @@ mod tests {
         // 768 rows in units of 4, per slot.
         assert_eq!((v.grid.unwrap())(&args(1), 128), Some(192 * 8));
         assert_eq!((v.pre.as_ref().unwrap().grid)(&args(1)), Some(8));
+    }
+
+    #[test]
+    fn mul_mat_experts_q8_takes_one_token() {
+        // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, bytes)
+        let args = |k, n_tokens, per_slot| {
+            let u = KernelArg::U32;
+            let mut a = vec![KernelArg::U64(0x1000); 4];
+            a.extend([u(12), u(2048), u(k), u(n_tokens), u(8), u(per_slot)]);
+            a.push(KernelArg::U64(1 << 20));
+            a
+        };
+        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        let v = &VARIANTS[find("mul_mat_experts_q8")];
+        // The down projection's shape: 8 slots' rows of 768 values, one step staged.
+        assert_eq!((v.applies)(&args(768, 1, 1), 0), Some(4 * 592));
+        assert!((v.applies)(&args(768, 2, 1), 0).is_none());
+        // 8 rows of 8,192 values fill the scratch's 80 KiB; of 8,448, past it (one fits).
+        assert!((v.applies)(&args(8192, 1, 1), 0).is_some());
+        assert!((v.applies)(&args(8448, 1, 1), 0).is_none());
+        assert!((v.applies)(&args(8448, 1, 0), 0).is_some());
+        assert_eq!((v.grid.unwrap())(&args(768, 1, 1), 128), Some(512 * 8));
+        let pre = v.pre.as_ref().unwrap();
+        assert_eq!((pre.grid)(&args(768, 1, 1)), Some(8 * 3));
+        assert_eq!((pre.grid)(&args(768, 1, 0)), Some(3));
+        // Before mul_mat_experts_vec, which keeps what it declines.
+        assert!(find("mul_mat_experts_q8") < find("mul_mat_experts_vec"));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! activation quantised once per launch into the stream's scratch) on the GPU against
 //! mul_mat_vec, the same device with it left out (`STRATA_CUDA_SKIP=mul_mat_vec_q8`): bit
 //! for bit for every quantised format at decode shapes, launched as ops.rs launches them;
-//! likewise experts_gate_up_q8 against experts_gate_up.
+//! likewise experts_gate_up_q8 against experts_gate_up and mul_mat_experts_q8 against
+//! mul_mat_experts_vec.
 //! And the scratch is per stream: two streams running different products at once, eagerly
 //! and from a captured graph, each give what they give alone. Skips with one line when
 //! there is no CUDA device.
@@ -261,6 +262,75 @@ fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
             );
             if !ok {
                 failures.push(format!("{ty:?} {m}x{k}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+#[test]
+fn mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec";
+    let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_experts_q8")) else {
+        return;
+    };
+    let mut rng = Rng(0x5151_7b7b);
+    let (n_expert, n_used) = (16usize, 8usize);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        // Qwen3-30B-A3B's down projection (2048 x 768, a row per slot) and gate/up shape
+        // (768 x 2048, the token's row), a long row.
+        for (m, k, per_slot) in [(2048, 768, 1u32), (768, 2048, 0), (21, 5120, 1)] {
+            let Some(rb) = ty.row_bytes(k) else {
+                continue;
+            };
+            let stride = rb * m + 2; // experts need not be 16-byte aligned
+            let mut w = Vec::new();
+            for _ in 0..n_expert {
+                w.extend(random_weights(ty, m, k, &mut rng));
+                w.resize(w.len() + 2, 0xEE);
+            }
+            let mut ids: Vec<i32> = (0..n_used)
+                .map(|_| (rng.next_u64() % n_expert as u64) as i32)
+                .collect();
+            ids[6] = -1; // NaN rows
+            let x_rows = if per_slot == 1 { n_used } else { 1 };
+            let x: Vec<f32> = (0..x_rows * k).map(|_| 2.0 * rng.f32()).collect();
+            let run = |dev: &Device| {
+                let s = dev.main_stream();
+                let (bw, bx) = (
+                    dev.alloc_from(&w, s).unwrap(),
+                    dev.alloc_from(&x, s).unwrap(),
+                );
+                let bi = dev.alloc_from(&ids, s).unwrap();
+                let y = dev.alloc::<f32>(n_used * m).unwrap();
+                let args = Args::new()
+                    .read(&bw)
+                    .read(&bx)
+                    .read(&bi)
+                    .write(&y)
+                    .u32(ty.id())
+                    .u32(m as u32)
+                    .u32(k as u32)
+                    .u32(1)
+                    .u32(n_used as u32)
+                    .u32(per_slot)
+                    .u64(stride as u64);
+                // ops.rs's shape for one token: 4-warp blocks of 8 rows, per slot.
+                let cfg = LaunchCfg::linear(m.div_ceil(8) * n_used * 128, 128);
+                dev.launch(KernelId::MulMatExperts, &cfg, &args, s).unwrap();
+                download(dev, &y, s)
+            };
+            let (a, b) = (run(&with), run(&without));
+            let nan_rows = a[6 * m..7 * m].iter().all(|v| v.is_nan());
+            let ok = same_bits(&a, &b) && nan_rows;
+            println!(
+                "mul_mat_experts_q8 {ty:?} {m}x{k} per_slot {per_slot} vs mul_mat_experts_vec: {}",
+                if ok { "bit-exact" } else { "DIFFERENT" }
+            );
+            if !ok {
+                failures.push(format!("{ty:?} {m}x{k} per_slot {per_slot}"));
             }
         }
     }
