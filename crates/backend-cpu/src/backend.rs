@@ -16,7 +16,7 @@ use crate::CpuOptions;
 use crate::kernels::{self, ArgSlot, KernelArgs};
 use crate::memory::{AlignedBytes, Arena, CpuBuffer};
 use crate::sanitizer::{AccessLog, DelayRng, Stamp, VClock};
-use crate::worker::{EventState, JobCtx, StreamWorker};
+use crate::worker::{EventState, JobCtx, StreamWorker, idle_spin};
 
 const NAME: &str = "cpu";
 /// Worker 0 is the "legacy" queue of unordered copies; user streams start at 1.
@@ -389,8 +389,8 @@ fn driver(call: &'static str, message: String) -> Error {
 
 impl CpuBackend {
     pub fn new(opts: CpuOptions) -> Result<Self> {
-        let legacy =
-            StreamWorker::spawn(LEGACY as u32).map_err(|e| driver("spawn", e.to_string()))?;
+        let legacy = StreamWorker::spawn(LEGACY as u32, idle_spin(opts.stream_spin_us))
+            .map_err(|e| driver("spawn", e.to_string()))?;
         let total_memory = opts.memory_limit.unwrap_or_else(mem_total);
         let seed = opts.seed;
         let pool = kernels::thread_pool(opts.threads).map_err(|e| driver("threads", e))?;
@@ -470,7 +470,8 @@ impl Backend for CpuBackend {
     fn create_stream(&self) -> Result<RawStream> {
         let mut w = lock(&self.sh.workers);
         let index = w.len() as u32;
-        w.push(StreamWorker::spawn(index).map_err(|e| driver("spawn", e.to_string()))?);
+        let spin = idle_spin(self.sh.opts.stream_spin_us);
+        w.push(StreamWorker::spawn(index, spin).map_err(|e| driver("spawn", e.to_string()))?);
         Ok(RawStream(index))
     }
 

@@ -39,20 +39,22 @@ struct Done {
     wanted: u64,
 }
 
-/// How long an idle stream polls its queue before it sleeps: `STRATA_CPU_STREAM_SPIN_US`
-/// microseconds (default 0, sleep at once). Waking a sleeping stream thread cost ~9 us
-/// of a 22 us upload-and-download round trip on a 2-core VM; a CPU pool whose stream
-/// gets its next layer every ~130 us could skip that, at a core spent polling while
-/// the GPU part of the layer runs. For A/B timing on the machine that matters.
-fn idle_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let us = std::env::var("STRATA_CPU_STREAM_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        Duration::from_micros(us.min(10_000))
-    })
+/// How long an idle stream polls its queue before it sleeps, unless its device's options
+/// say: `STRATA_CPU_STREAM_SPIN_US` microseconds (default 0, sleep at once). Waking a
+/// sleeping stream thread cost ~9 us of a 22 us upload-and-download round trip on a 2-core
+/// VM; a CPU pool whose stream gets its next layer every few hundred microseconds skips
+/// that, at a core spent polling while the GPU part of the layer runs.
+pub fn idle_spin(us: Option<u64>) -> Duration {
+    static SPIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let us = us.unwrap_or_else(|| {
+        *SPIN.get_or_init(|| {
+            std::env::var("STRATA_CPU_STREAM_SPIN_US")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+    });
+    Duration::from_micros(us.min(10_000))
 }
 
 /// The next job, polled for up to `spin` (yielding now and then, so a loaded machine's
@@ -86,7 +88,8 @@ pub struct StreamWorker {
 }
 
 impl StreamWorker {
-    pub fn spawn(index: u32) -> std::io::Result<Arc<Self>> {
+    /// A stream thread that polls its queue for `spin` before it sleeps when idle.
+    pub fn spawn(index: u32, spin: Duration) -> std::io::Result<Arc<Self>> {
         let (tx, rx) = channel::<Job>();
         let worker = Arc::new(StreamWorker {
             sender: Mutex::new(Some(tx)),
@@ -103,7 +106,6 @@ impl StreamWorker {
                     seq: 0,
                     clock: VClock::default(),
                 };
-                let spin = idle_spin();
                 while let Some(job) = next_job(&rx, spin) {
                     ctx.seq += 1;
                     ctx.clock.set(index, ctx.seq);
@@ -212,7 +214,7 @@ mod tests {
     /// job still runs, in order.
     #[test]
     fn push_waits_while_the_stream_is_far_behind() {
-        let w = StreamWorker::spawn(0).unwrap();
+        let w = StreamWorker::spawn(0, Duration::ZERO).unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
         w.push(Box::new(|_| {
             std::thread::sleep(std::time::Duration::from_millis(50))

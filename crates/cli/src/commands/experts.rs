@@ -130,9 +130,15 @@ impl ExpertArgs {
                 "--adapt-async needs --resident (the fixed-set mode in which only adaptation changes the cache)"
             );
         }
+        let env = strata_backend_cpu::CpuOptions::from_env();
         let pool_dev = strata_backend_cpu::device(strata_backend_cpu::CpuOptions {
             threads: self.cpu_threads,
-            ..strata_backend_cpu::CpuOptions::from_env()
+            // The pool's stream gets a layer's work every few hundred microseconds of a
+            // decode step: it polls rather than sleeps between them.
+            stream_spin_us: env
+                .stream_spin_us
+                .or(Some(strata_backend_cpu::POOL_STREAM_SPIN_US)),
+            ..env
         })
         .context("starting the CPU pool")?;
         let opts = ExpertCacheOptions {
