@@ -2,10 +2,14 @@
 //! may overlap the kernel before it (programmatic dependent launch).
 
 /// Optional kernels left out unless `STRATA_CUDA_SKIP` is set (to "" for none): on the
-/// H200 (Qwen3-30B-A3B-shaped Q4_K, tg128) decode ran at 139.0 tokens/s with them and
-/// 157.9 without. Each ends in a one-block tail (top-k, the slot combine and norm) that
-/// waits for the whole product, longer than the separate launch it saves.
-const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm";
+/// H200 (Qwen3-30B-A3B-shaped Q4_K, tg128) decode ran at 139.0 tokens/s with the first
+/// two and 157.9 without. Each ends in a one-block tail (top-k, the slot combine and norm)
+/// that waits for the whole product, longer than the separate launch it saves.
+/// `mul_mat_experts_q8` (the down projection over an activation quantised once): 19.83 us
+/// a launch with its quantisation, against 17.15 for mul_mat_experts' one-token form, in
+/// the replayed decode graph (same call, STRATA_KERNEL_TIMING=1), where mul_mat_vec_q8 and
+/// experts_gate_up_q8 were faster than what they replace (13.19 vs 14.77, 21.94 vs 22.98).
+const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm,mul_mat_experts_q8";
 
 /// Whether launches may overlap the kernel ahead of them (programmatic dependent launch,
 /// sm_90): `STRATA_CUDA_PDL` = `0` (off), `early` (the next kernel's blocks may be placed
