@@ -9,7 +9,11 @@
 /// a launch with its quantisation, against 17.15 for mul_mat_experts' one-token form, in
 /// the replayed decode graph (same call, STRATA_KERNEL_TIMING=1), where mul_mat_vec_q8 and
 /// experts_gate_up_q8 were faster than what they replace (13.19 vs 14.77, 21.94 vs 22.98).
-const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm,mul_mat_experts_q8";
+/// `mul_mat_experts_cached_grouped` (a verify window's cached experts grouped by expert):
+/// a 5-token window with a 50% cache took 25.79 ms with it and 23.75 ms without (skewed
+/// routing still gives a window few shared experts, and the tiled form is slower per row).
+const SKIPPED_BY_DEFAULT: &str =
+    "router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped";
 
 /// Whether launches may overlap the kernel ahead of them (programmatic dependent launch,
 /// sm_90): `STRATA_CUDA_PDL` = `0` (off), `early` (the next kernel's blocks may be placed
