@@ -82,22 +82,29 @@ fn logits_are_the_same_for_every_cache_size() {
         let reference = run(&mut context(&load(&dev, &g, true), &dev, None), 10);
         let model = load(&dev, &g, false);
         let n_routed = 3 * 8;
-        // (slots, online learning, adaptation, lend batches of more than this many tokens)
-        for (slots, learn, adapt, lend) in [
-            (0, false, false, 0),
-            (1, false, false, 0),
-            (n_routed / 2, false, false, 0),
-            (n_routed / 2, true, true, 0),
-            (n_routed, false, false, 0),
-            (n_routed, true, false, 0),
-            (0, false, false, 2),
-            (n_routed / 2, false, false, 2),
+        // (slots, online learning, adaptation, lend batches of more than this many tokens,
+        // experts a layer streamed to a staging set instead of the pool)
+        for (slots, learn, adapt, lend, stream) in [
+            (0, false, false, 0, 0),
+            (1, false, false, 0, 0),
+            (n_routed / 2, false, false, 0, 0),
+            (n_routed / 2, true, true, 0, 0),
+            (n_routed, false, false, 0, 0),
+            (n_routed, true, false, 0, 0),
+            (0, false, false, 2, 0),
+            (n_routed / 2, false, false, 2, 0),
+            (0, false, false, 0, 1),
+            (0, false, false, 0, 8),
+            (n_routed / 2, false, false, 0, 1),
+            // Decode streams into the sets the lent prompt batches used and prefetched.
+            (n_routed / 2, false, false, 2, 1),
         ] {
             let opts = ExpertCacheOptions {
                 slots,
                 learn,
                 adapt,
                 lend_min_tokens: lend,
+                stream_experts: stream,
                 ..Default::default()
             };
             let c = cache(&model, &dev, opts);
@@ -110,8 +117,9 @@ fn logits_are_the_same_for_every_cache_size() {
             let got = run(&mut ctx, 10);
             let stats = c.lock().unwrap().stats().clone();
             eprintln!(
-                "{arch:?} {quant} slots {slots} learn {learn} adapt {adapt} lend {lend}: {stats}"
+                "{arch:?} {quant} slots {slots} learn {learn} adapt {adapt} lend {lend} stream {stream}: {stats}"
             );
+            assert_eq!(stats.streamed_experts > 0, stream > 0, "{stats}");
             // Prompt batches of 4 tokens are lent when the threshold is below 4.
             assert_eq!(
                 stats.lent_layers > 0,
@@ -145,10 +153,11 @@ fn residency_changes_leave_no_sanitizer_finding() {
     let g = gguf(SynthArch::Qwen3Moe, "Q4_0", 9);
     let dev = cpu(true);
     let model = load(&dev, &g, false);
-    for (learn, adapt, adapt_async, lend) in [
-        (true, false, false, 0),
-        (true, true, false, 2),
-        (false, true, true, 2),
+    // (online learning, adaptation, asynchronously, lend above, experts streamed a layer)
+    for (learn, adapt, adapt_async, lend, stream) in [
+        (true, false, false, 0, 0),
+        (true, true, false, 2, 2),
+        (false, true, true, 2, 1),
     ] {
         let opts = ExpertCacheOptions {
             slots: 6,
@@ -157,6 +166,7 @@ fn residency_changes_leave_no_sanitizer_finding() {
             adapt_async,
             copies_per_step: 2,
             lend_min_tokens: lend,
+            stream_experts: stream,
         };
         let c = cache(&model, &dev, opts);
         if !learn {

@@ -45,6 +45,11 @@ pub struct ExpertArgs {
     /// to the device instead of computing the non-resident ones on the CPU (0: never).
     #[arg(long = "short-read", default_value_t = 64)]
     pub short_read: u32,
+    /// Decode: up to N of a layer's non-resident experts are uploaded over PCIe into the
+    /// staging buffers and computed on the device while the CPU pool computes the others
+    /// (0: the pool computes them all).
+    #[arg(long = "stream-experts", default_value_t = 0, value_name = "N")]
+    pub stream_experts: usize,
 }
 
 /// Where the routed experts go.
@@ -150,6 +155,7 @@ impl ExpertArgs {
             adapt_async: self.adapt_async,
             copies_per_step: self.adapt_copies.max(1),
             lend_min_tokens: self.short_read,
+            stream_experts: self.stream_experts,
         };
         let cache = ExpertCache::for_model(dev, model, pool_dev, opts, self.profile.as_deref())?;
         Ok(cache.shared())

@@ -38,6 +38,10 @@ pub struct ExpertCacheOptions {
     /// the device, all of them computed there, instead of running the non-resident ones
     /// on the CPU pool; 0 never does.
     pub lend_min_tokens: u32,
+    /// Short batches (decode, verify windows): up to this many of a layer's non-resident
+    /// experts are uploaded into a staging set and computed on the device while the pool
+    /// computes the others (PCIe and the pool's cores work at once); 0 never does.
+    pub stream_experts: usize,
 }
 
 impl Default for ExpertCacheOptions {
@@ -49,6 +53,7 @@ impl Default for ExpertCacheOptions {
             adapt_async: false,
             copies_per_step: 4,
             lend_min_tokens: 64,
+            stream_experts: 0,
         }
     }
 }
@@ -65,6 +70,9 @@ pub struct ExpertCache {
     table: Residency,
     pool: CpuPool,
     split: Option<(usize, DeviceBuffer<f32>, DeviceBuffer<i32>)>,
+    /// For experts streamed to a staging set during decode: expert e -> e when streamed,
+    /// -1 otherwise (the residency table the cached kernels read for that set).
+    stream_table: Option<DeviceBuffer<i32>>,
     /// Staging for lent batches: every expert's gate, up and down of one layer, expert e
     /// at `e * (its matrix bytes)`, as the uncached kernels read them.
     lend: Option<Vec<[DeviceBuffer<u8>; 3]>>,
@@ -144,6 +152,7 @@ impl ExpertCache {
             table,
             pool,
             split: None,
+            stream_table: None,
             lend: None,
             last_set: 0,
             prefetched: None,
@@ -385,6 +394,14 @@ impl ExpertCache {
         if lends && misses > 0 {
             return self.run_lent(ops, io, &ids);
         }
+        // Some of the pool's experts over PCIe to a staging set instead, computed on the
+        // device while the pool computes the others.
+        let streamed = if self.opts.stream_experts > 0 && !cpu_ids.is_empty() {
+            let set = self.stream_misses(il, &mut host_row, &mut cpu_ids, &mut cpu_tok, k)?;
+            Some(set)
+        } else {
+            None
+        };
         // Activations for the pool, on the transfer stream and queued before the
         // device's expert work, so their copy does not wait for it.
         let xn = match (cpu_ids.is_empty(), xn_early) {
@@ -470,11 +487,14 @@ impl ExpertCache {
                 true,
             )?;
         }
+        if let Some(set) = streamed {
+            self.run_streamed(ops, io, set)?;
+        }
         let Some((t0, pending)) = pool else {
             ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
             return Ok(());
         };
-        let device_done = if hits > 0 {
+        let device_done = if hits > 0 || streamed.is_some() {
             Some(dev.record(ops.stream)?)
         } else {
             None
@@ -600,6 +620,111 @@ impl ExpertCache {
             self.dev.upload_ranges(buf, &pieces, self.copy)?;
         }
         Ok(uploaded)
+    }
+
+    /// Takes up to `opts.stream_experts` of the pool's experts of layer `il` (the first
+    /// ones its pairs name) off the pool: their matrices are uploaded into a staging set,
+    /// which the returned index names, and their pairs' rows become device rows
+    /// (`host_row` -1). The pool's lists are rebuilt in the same order.
+    fn stream_misses(
+        &mut self,
+        il: usize,
+        host_row: &mut [i32],
+        cpu_ids: &mut Vec<i32>,
+        cpu_tok: &mut Vec<usize>,
+        k: usize,
+    ) -> Result<usize, ExpertError> {
+        let ne = self.layout.n_expert as usize;
+        let mut want = vec![false; ne];
+        let mut picked = 0;
+        for &id in cpu_ids.iter() {
+            if picked == self.opts.stream_experts {
+                break;
+            }
+            if !want[id as usize] {
+                want[id as usize] = true;
+                picked += 1;
+            }
+        }
+        let (mut ids, mut toks) = (Vec::new(), Vec::new());
+        for (p, row) in host_row.iter_mut().enumerate() {
+            if *row < 0 {
+                continue;
+            }
+            let id = cpu_ids[*row as usize];
+            if want[id as usize] {
+                *row = -1;
+            } else {
+                *row = ids.len() as i32;
+                ids.push(id);
+                toks.push(p / k);
+            }
+        }
+        *cpu_ids = ids;
+        *cpu_tok = toks;
+        // A lent batch's prefetch is consumed by its next layer within the same pass, so
+        // none is pending between passes; dropped anyway, as the set is overwritten here.
+        self.prefetched = None;
+        let set = 1 - self.last_set;
+        self.last_set = set;
+        self.stage(set, il, &want, None, false)?;
+        let table: Vec<i32> = (0..ne as i32)
+            .map(|e| if want[e as usize] { e } else { -1 })
+            .collect();
+        if self.stream_table.is_none() {
+            self.stream_table = Some(self.dev.alloc(ne)?);
+        }
+        if let Some(t) = &self.stream_table {
+            self.dev.upload(t, &table, self.copy)?;
+        }
+        self.stats.streamed_experts += picked as u64;
+        Ok(set)
+    }
+
+    /// The streamed experts' pairs on the device, from staging set `set` (expert e at e
+    /// times its matrix's bytes, the stream table naming the streamed ones): rows of the
+    /// other pairs are left as they are.
+    fn run_streamed(&self, ops: &Ops<'_>, io: &MoeIo<'_>, set: usize) -> Result<(), ExpertError> {
+        let lay = self
+            .layout
+            .layers
+            .get(io.layer)
+            .copied()
+            .flatten()
+            .ok_or(ExpertError::NotMoe(io.layer))?;
+        let (Some(bufs), Some(table)) = (
+            self.lend.as_ref().and_then(|l| l.get(set)),
+            self.stream_table.as_ref(),
+        ) else {
+            return Err(ExpertError::PoolDevice);
+        };
+        let (nt, nu) = (io.n_tokens, io.n_used);
+        let mats = [
+            (io.gate, io.xn, io.fa),
+            (io.up, io.xn, io.fb),
+            (io.down, io.fc, io.moe_y),
+        ];
+        for (i, (w, x, y)) in mats.into_iter().enumerate() {
+            if i == 2 {
+                ops.swiglu(io.fa, io.fb, io.fc, nt * nu * io.gate.m)?;
+            }
+            let (buf, bytes) = (&bufs[i], lay.mats[i].bytes);
+            ops.mul_mat_experts_cached(
+                w,
+                buf,
+                bytes,
+                0,
+                table,
+                0,
+                x,
+                io.expert_ids,
+                y,
+                nt,
+                nu,
+                i == 2,
+            )?;
+        }
+        Ok(())
     }
 
     /// A long batch: the layer's routed experts go to a staging set (from their slots when

@@ -33,6 +33,9 @@ pub struct ExpertStats {
     /// Seconds the host waited for a layer's activations (the device's part of the layer
     /// before the routed experts, and the download) before the pool could start.
     pub activation_wait_seconds: f64,
+    /// Experts of short batches uploaded to a staging set and computed on the device
+    /// instead of the pool (`--stream-experts`), counted once per layer.
+    pub streamed_experts: u64,
     /// Where the host's time of decode steps went, layer by layer.
     pub decode: DecodeTimeline,
 }
@@ -119,6 +122,13 @@ impl fmt::Display for ExpertStats {
             self.activation_wait_seconds,
             100.0 * self.overlap_fraction(),
         )?;
+        if self.streamed_experts > 0 {
+            write!(
+                f,
+                ", {} experts streamed to the device",
+                self.streamed_experts
+            )?;
+        }
         let (d, t) = (&self.decode, self.decode_tokens);
         if d.layers > 0 {
             let ms = |s: f64| d.per_token_ms(s, t);
