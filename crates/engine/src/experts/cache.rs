@@ -436,59 +436,22 @@ impl ExpertCache {
                 Some((t0, pending))
             }
         };
-        let table = self.table.device();
-        let sb = self.layout.slot_bytes;
-        let (gate, up, down) = (io.gate, io.up, io.down);
         let (nt, nu) = (io.n_tokens, io.n_used);
         if hits > 0 {
-            let at = il * ne;
-            let off = |i: usize| lay.mats[i].slot_offset;
-            ops.mul_mat_experts_cached(
-                gate,
-                &self.slots,
-                sb,
-                off(0),
-                table,
-                at,
-                io.xn,
-                io.expert_ids,
-                io.fa,
-                nt,
-                nu,
-                false,
-            )?;
-            ops.mul_mat_experts_cached(
-                up,
-                &self.slots,
-                sb,
-                off(1),
-                table,
-                at,
-                io.xn,
-                io.expert_ids,
-                io.fb,
-                nt,
-                nu,
-                false,
-            )?;
-            ops.swiglu(io.fa, io.fb, io.fc, nt * nu * gate.m)?;
-            ops.mul_mat_experts_cached(
-                down,
-                &self.slots,
-                sb,
-                off(2),
-                table,
-                at,
-                io.fc,
-                io.expert_ids,
-                io.moe_y,
-                nt,
-                nu,
-                true,
-            )?;
+            let (sb, off) = (self.layout.slot_bytes, |i: usize| lay.mats[i].slot_offset);
+            let mats = [0, 1, 2].map(|i| (&self.slots, sb, off(i)));
+            cached_experts(ops, io, mats, self.table.device(), il * ne)?;
         }
         if let Some(set) = streamed {
-            self.run_streamed(ops, io, set)?;
+            // Expert e at e times its matrix's bytes of the set's buffer for that matrix.
+            let (Some(bufs), Some(table)) = (
+                self.lend.as_ref().and_then(|l| l.get(set)),
+                self.stream_table.as_ref(),
+            ) else {
+                return Err(ExpertError::PoolDevice);
+            };
+            let mats = [0, 1, 2].map(|i| (&bufs[i], lay.mats[i].bytes, 0));
+            cached_experts(ops, io, mats, table, 0)?;
         }
         let Some((t0, pending)) = pool else {
             ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
@@ -681,52 +644,6 @@ impl ExpertCache {
         Ok(set)
     }
 
-    /// The streamed experts' pairs on the device, from staging set `set` (expert e at e
-    /// times its matrix's bytes, the stream table naming the streamed ones): rows of the
-    /// other pairs are left as they are.
-    fn run_streamed(&self, ops: &Ops<'_>, io: &MoeIo<'_>, set: usize) -> Result<(), ExpertError> {
-        let lay = self
-            .layout
-            .layers
-            .get(io.layer)
-            .copied()
-            .flatten()
-            .ok_or(ExpertError::NotMoe(io.layer))?;
-        let (Some(bufs), Some(table)) = (
-            self.lend.as_ref().and_then(|l| l.get(set)),
-            self.stream_table.as_ref(),
-        ) else {
-            return Err(ExpertError::PoolDevice);
-        };
-        let (nt, nu) = (io.n_tokens, io.n_used);
-        let mats = [
-            (io.gate, io.xn, io.fa),
-            (io.up, io.xn, io.fb),
-            (io.down, io.fc, io.moe_y),
-        ];
-        for (i, (w, x, y)) in mats.into_iter().enumerate() {
-            if i == 2 {
-                ops.swiglu(io.fa, io.fb, io.fc, nt * nu * io.gate.m)?;
-            }
-            let (buf, bytes) = (&bufs[i], lay.mats[i].bytes);
-            ops.mul_mat_experts_cached(
-                w,
-                buf,
-                bytes,
-                0,
-                table,
-                0,
-                x,
-                io.expert_ids,
-                y,
-                nt,
-                nu,
-                i == 2,
-            )?;
-        }
-        Ok(())
-    }
-
     /// A long batch: the layer's routed experts go to a staging set (from their slots when
     /// resident, from the file otherwise, unless the previous layer prefetched them) and
     /// the whole layer runs on the device with the uncached kernels. Then the next MoE
@@ -763,6 +680,41 @@ impl ExpertCache {
         }
         Ok(())
     }
+}
+
+/// Gate, up, SwiGLU and down of the pairs whose expert `table` (from `table_offset`) names
+/// a slot of `mats` (per matrix: the buffer, the bytes between slots, the matrix's offset
+/// in a slot); the other pairs' rows are left as they are.
+fn cached_experts(
+    ops: &Ops<'_>,
+    io: &MoeIo<'_>,
+    mats: [(&DeviceBuffer<u8>, u64, u64); 3],
+    table: &DeviceBuffer<i32>,
+    table_offset: usize,
+) -> Result<(), ExpertError> {
+    let (nt, nu) = (io.n_tokens, io.n_used);
+    let product = |i: usize, w, x, y, per_slot| {
+        let (buf, slot_bytes, offset) = mats[i];
+        ops.mul_mat_experts_cached(
+            w,
+            buf,
+            slot_bytes,
+            offset,
+            table,
+            table_offset,
+            x,
+            io.expert_ids,
+            y,
+            nt,
+            nu,
+            per_slot,
+        )
+    };
+    product(0, io.gate, io.xn, io.fa, false)?;
+    product(1, io.up, io.xn, io.fb, false)?;
+    ops.swiglu(io.fa, io.fb, io.fc, nt * nu * io.gate.m)?;
+    product(2, io.down, io.fc, io.moe_y, true)?;
+    Ok(())
 }
 
 impl RoutedExperts for ExpertCache {
