@@ -32,9 +32,10 @@ pub struct CpuOptions {
     /// 4 KiB pages costs a TLB miss every page (measured 35-50% slower on a VM).
     pub huge_pages: bool,
     /// How long an idle stream thread polls its queue before it sleeps, in microseconds
-    /// (`None`: `STRATA_CPU_STREAM_SPIN_US`, default 0). The expert cache's CPU pool asks
-    /// for [`POOL_STREAM_SPIN_US`]: its stream gets a layer's work every few hundred
-    /// microseconds of a decode step, and waking a sleeping thread for each cost more.
+    /// (`None`: 0; [`CpuOptions::from_env`] takes `STRATA_CPU_STREAM_SPIN_US`). The expert
+    /// cache's CPU pool asks for [`POOL_STREAM_SPIN_US`]: its stream gets a layer's work
+    /// every few hundred microseconds of a decode step, and waking a sleeping thread for
+    /// each cost more.
     pub stream_spin_us: Option<u64>,
 }
 

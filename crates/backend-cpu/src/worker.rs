@@ -39,22 +39,14 @@ struct Done {
     wanted: u64,
 }
 
-/// How long an idle stream polls its queue before it sleeps, unless its device's options
-/// say: `STRATA_CPU_STREAM_SPIN_US` microseconds (default 0, sleep at once). Waking a
-/// sleeping stream thread cost ~9 us of a 22 us upload-and-download round trip on a 2-core
-/// VM; a CPU pool whose stream gets its next layer every few hundred microseconds skips
-/// that, at a core spent polling while the GPU part of the layer runs.
+/// How long an idle stream polls its queue before it sleeps: the device's
+/// `CpuOptions::stream_spin_us` (`CpuOptions::from_env` reads `STRATA_CPU_STREAM_SPIN_US`),
+/// none by default. Waking a sleeping stream thread cost ~9 us of a 22 us
+/// upload-and-download round trip on a 2-core VM; a CPU pool whose stream gets its next
+/// layer every few hundred microseconds skips that, at a core spent polling while the GPU
+/// part of the layer runs.
 pub fn idle_spin(us: Option<u64>) -> Duration {
-    static SPIN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let us = us.unwrap_or_else(|| {
-        *SPIN.get_or_init(|| {
-            std::env::var("STRATA_CPU_STREAM_SPIN_US")
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0)
-        })
-    });
-    Duration::from_micros(us.min(10_000))
+    Duration::from_micros(us.unwrap_or(0).min(10_000))
 }
 
 /// The next job, polled for up to `spin` (yielding now and then, so a loaded machine's

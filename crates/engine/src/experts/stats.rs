@@ -60,16 +60,6 @@ pub struct DecodeTimeline {
     pub return_seconds: f64,
 }
 
-impl DecodeTimeline {
-    fn per_token_ms(&self, seconds: f64, tokens: u64) -> f64 {
-        if tokens == 0 {
-            0.0
-        } else {
-            1e3 * seconds / tokens as f64
-        }
-    }
-}
-
 impl ExpertStats {
     pub fn decode_hit_rate(&self) -> f64 {
         let all = self.decode_hits + self.decode_misses;
@@ -131,7 +121,8 @@ impl fmt::Display for ExpertStats {
         }
         let (d, t) = (&self.decode, self.decode_tokens);
         if d.layers > 0 {
-            let ms = |s: f64| d.per_token_ms(s, t);
+            // t > 0: a decode layer belongs to a counted decode token.
+            let ms = |s: f64| 1e3 * s / t.max(1) as f64;
             write!(
                 f,
                 "; a decode token's MoE layers (ms): launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}",

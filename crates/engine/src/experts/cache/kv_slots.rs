@@ -1,8 +1,9 @@
 //! Slots lent to the K/V (`--kv-grow`): growing the K/V takes the cache's last slots; the
 //! hot experts that sat in them move into the slots of colder experts, so what leaves the
 //! device is the coldest. Trimming returns the slots and refills them with the hottest
-//! experts not resident (profile and routing counts), 16 at once and the rest 16 a step
-//! after, so a trim of hundreds of slots does not stall the next request. A lent slot keeps
+//! experts not resident (profile and routing counts), [`REFILL_AT_TRIM`] at once and the
+//! rest [`REFILL_PER_STEP`] a step after, so a trim of hundreds of slots does not stall the
+//! next request. A lent slot keeps
 //! its expert's bytes (the K/V has buffers of its own), so a refill that wants that expert
 //! names the slot again with no copy at all; only the others are uploaded. Every table
 //! change is published by an ordered upload on the copy stream and every expert move or
