@@ -1,10 +1,12 @@
-//! Timing of the CPU pool alone, not a check: decode-shaped calls (one token's routed
-//! experts per layer, every layer in turn, fresh random experts each call) on a CPU pool
-//! device, the median wall time of a layer's `start` + `wait`. For A/B runs of the pool's
-//! per-layer path:
+//! Timing of the CPU pool alone (a tool, not a test): decode-shaped calls (one token's
+//! routed experts per layer, every layer in turn, fresh random experts each call) on a CPU
+//! pool device, the median wall time of a layer's `start` + `wait`; then a CPU device's
+//! upload-and-download round trip. For A/B runs of the pool's per-layer path (the pool
+//! device takes `STRATA_CPU_*` settings from the environment, e.g.
+//! `STRATA_CPU_STREAM_SPIN_US`):
 //!
 //! STRATA_POOL_BENCH_FILE=/tmp/pool-q4k.gguf STRATA_POOL_BENCH_THREADS=2 \
-//!   cargo test --release -p strata-engine --test pool_timing -- --ignored --nocapture
+//!   cargo run --release -p strata-engine --example pool_timing
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,8 +26,11 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-#[test]
-#[ignore]
+fn main() {
+    pool_decode_layer_time();
+    cpu_device_round_trip_time();
+}
+
 fn pool_decode_layer_time() {
     let path =
         std::env::var("STRATA_POOL_BENCH_FILE").unwrap_or_else(|_| "/tmp/pool-q4k.gguf".into());
@@ -47,7 +52,7 @@ fn pool_decode_layer_time() {
     let model = Model::load_with(&main, main.main_stream(), gguf.clone(), opts, |_, _| {}).unwrap();
     let pool_dev = strata_backend_cpu::device(CpuOptions {
         threads: Some(threads),
-        ..CpuOptions::default()
+        ..CpuOptions::from_env()
     })
     .unwrap();
     let mut pool = CpuPool::new(pool_dev, &model, gguf).unwrap();
@@ -112,13 +117,11 @@ fn pool_decode_layer_time() {
 
 /// The fixed cost the pool pays a layer before any kernel: a small pinned upload and a
 /// download on a CPU device, the host waiting (median of many).
-#[test]
-#[ignore]
 fn cpu_device_round_trip_time() {
     let threads = env_usize("STRATA_POOL_BENCH_THREADS", 2);
     let dev = strata_backend_cpu::device(CpuOptions {
         threads: Some(threads),
-        ..CpuOptions::default()
+        ..CpuOptions::from_env()
     })
     .unwrap();
     let stream = dev.create_stream().unwrap();
