@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
+# CI's disk is shared and has run out (stop 19: the linker died with a bus error, then
+# "No space left on device"). Line tables keep panics' file:line; full debug info and the
+# incremental cache roughly doubled the target directory and are of no use to a one-shot run.
+export CARGO_INCREMENTAL=0
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only
+export CARGO_PROFILE_TEST_DEBUG=line-tables-only
+echo "== disk: $(df -h . | awk 'NR==2 {print $4 " free of " $2}')"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
