@@ -531,6 +531,17 @@ impl Backend for CpuBackend {
         Ok(Some(RawBuffer(id)))
     }
 
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawPinned>> {
+        // Host memory is already what copies read: the handle only names it, and copies
+        // from it run on the stream thread like those from pinned memory. Core never
+        // writes through it (`copy_h2d` only reads its source).
+        Ok(Some(RawPinned {
+            id: self.sh.id(),
+            ptr: ptr.cast_mut(),
+            len,
+        }))
+    }
+
     fn alloc_pinned(&self, bytes: usize) -> Result<RawPinned> {
         let mem = AlignedBytes::zeroed(bytes).ok_or(Error::OutOfMemory {
             backend: NAME,

@@ -78,6 +78,8 @@ pub struct CudaBackend {
     origins: Vec<(&'static str, ModuleOrigin)>,
     /// Per-launch timing events (`STRATA_KERNEL_TIMING=1`).
     timing: Option<KernelTiming>,
+    /// The device can page-lock host memory mapped read-only (a model file).
+    read_only_register: bool,
 }
 
 impl CudaBackend {
@@ -105,6 +107,7 @@ impl CudaBackend {
             kernels: None,
             origins: Vec::new(),
             timing: KernelTiming::from_env(),
+            read_only_register: props.read_only_register,
         };
         // From here on an error drops `backend`, which releases the context.
         backend.bind()?;
@@ -333,6 +336,50 @@ impl Backend for CudaBackend {
         // SAFETY: the caller guarantees no queued copy uses it.
         if let Err(e) = check("cuMemFreeHost", unsafe {
             sys::cuMemFreeHost(pinned.ptr.cast())
+        }) {
+            tracing::error!("cuda: {e}");
+        }
+    }
+
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawPinned>> {
+        self.bind()?;
+        // Whole pages: a page holding any byte of the range is mapped whole.
+        const PAGE: usize = 4096;
+        let start = ptr as usize & !(PAGE - 1);
+        let end = (ptr as usize)
+            .checked_add(len)
+            .and_then(|e| e.checked_next_multiple_of(PAGE))
+            .ok_or(Error::Driver {
+                backend: NAME,
+                call: "cuMemHostRegister_v2",
+                message: "range past the end of the address space".into(),
+            })?;
+        // A mapped file is read-only to the process, and is registered so only where the
+        // device supports it (otherwise the driver refuses: uploads then stage).
+        let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+        if self.read_only_register {
+            flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        }
+        // SAFETY: the caller keeps [ptr, ptr + len) mapped and unchanged until unregistered;
+        // the whole pages around it are mapped with it.
+        check("cuMemHostRegister_v2", unsafe {
+            sys::cuMemHostRegister_v2(start as *mut c_void, end - start, flags)
+        })?;
+        Ok(Some(RawPinned {
+            id: start as u64,
+            ptr: start as *mut u8,
+            len: end - start,
+        }))
+    }
+
+    unsafe fn unregister_host(&self, region: RawPinned) {
+        if let Err(e) = self.bind() {
+            tracing::error!("cuda: unregistering host memory: {e}");
+            return;
+        }
+        // SAFETY: registered by `register_host`; the caller guarantees no copy reads it.
+        if let Err(e) = check("cuMemHostUnregister", unsafe {
+            sys::cuMemHostUnregister(region.ptr.cast())
         }) {
             tracing::error!("cuda: {e}");
         }

@@ -36,6 +36,8 @@ const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemFree_v2",
     "cuMemHostAlloc",
     "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
     "cuMemcpyHtoD_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
@@ -204,6 +206,8 @@ pub(crate) struct DeviceProps {
     pub name: String,
     pub total_memory: usize,
     pub cc: (u32, u32),
+    /// Host memory mapped read-only (a model file) can be page-locked for the device.
+    pub read_only_register: bool,
 }
 
 impl DeviceProps {
@@ -252,11 +256,16 @@ pub(crate) fn device_props(ordinal: usize) -> Result<DeviceProps, Error> {
         };
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let read_only_register =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED)
+                .unwrap_or(0)
+                != 0;
         Ok(DeviceProps {
             handle,
             name,
             total_memory: total,
             cc: (major, minor),
+            read_only_register,
         })
     }
 }

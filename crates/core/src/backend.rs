@@ -188,6 +188,25 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// Page-locks read-only host memory (a mapped model file) so that copies from it reach
+    /// the device straight from it (DMA), with no staging copy on the host. The handle is
+    /// then a [`Backend::copy_h2d`] source like pinned memory. `Ok(None)`: not supported
+    /// here (uploads stage as before).
+    ///
+    /// # Safety
+    /// `ptr` must be valid for `len` bytes and unchanged until [`Backend::unregister_host`].
+    unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<Option<RawPinned>> {
+        let _ = (ptr, len);
+        Ok(None)
+    }
+    /// Undoes [`Backend::register_host`].
+    ///
+    /// # Safety
+    /// No queued or running copy may still read `region`.
+    unsafe fn unregister_host(&self, region: RawPinned) {
+        let _ = region;
+    }
+
     /// Waits for every stream of the device.
     fn synchronize(&self) -> Result<()>;
 

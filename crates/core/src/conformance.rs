@@ -384,6 +384,66 @@ pub fn imported_host_memory_is_read_only(dev: &Device) -> Result<()> {
     dev.synchronize()
 }
 
+/// Uploads from registered host memory ([`Device::register_host`]) land like staged ones,
+/// mixed with staged pieces in one upload, ordered before a kernel on another stream that
+/// was already queued behind a slow one; a backend without registration says `false`.
+pub fn uploads_from_registered_host_memory(dev: &Device) -> Result<()> {
+    let (copy, compute) = (dev.create_stream()?, dev.create_stream()?);
+    let words = std::sync::Arc::new(HostWords((0..4096u32).map(|i| i * 3).collect()));
+    if !dev.register_host(words.clone())? {
+        return dev.synchronize();
+    }
+    if !dev.register_host(words.clone())? {
+        return Err(Error::Capture(
+            "registering the same memory again was refused".into(),
+        ));
+    }
+    let before = dev.upload_counts();
+    let dst = dev.alloc::<u32>(600)?;
+    let out = dev.alloc::<u32>(600)?;
+    let sink = dev.alloc::<u32>(1)?;
+    fill(dev, &dst, 1, compute)?;
+    // The compute stream is busy when the copy stream's upload is queued: the upload must
+    // wait for the fill (write after write), and the add for the upload.
+    busy(dev, &sink, 2_000_000, compute)?;
+    let elsewhere: Vec<u32> = (0..50).map(|i| 100_000 + i).collect();
+    let registered = &words.0;
+    dev.upload_ranges(
+        &dst,
+        &[
+            (0, &registered[10..110]),
+            (200, &elsewhere[..]),
+            (300, &registered[4000..4096]),
+        ],
+        copy,
+    )?;
+    add(dev, &dst, &out, 1, compute)?;
+    let got = dev.download(&out, compute)?.wait()?;
+    let want = |i: usize| -> u32 {
+        match i {
+            0..100 => (10 + i as u32) * 3 + 1,
+            200..250 => 100_000 + (i as u32 - 200) + 1,
+            300..396 => (4000 + i as u32 - 300) * 3 + 1,
+            _ => 2,
+        }
+    };
+    if let Some(i) = (0..600).find(|&i| got[i] != want(i)) {
+        return Err(Error::Capture(format!(
+            "upload from registered memory: element {i} is {} instead of {}",
+            got[i],
+            want(i)
+        )));
+    }
+    let after = dev.upload_counts();
+    let (direct, staged) = (after.direct - before.direct, after.staged - before.staged);
+    if (direct, staged) != (4 * 196, 4 * 50) {
+        return Err(Error::Capture(format!(
+            "{direct} bytes uploaded directly and {staged} staged; expected 784 and 200"
+        )));
+    }
+    dev.synchronize()
+}
+
 /// A kernel given a region of a buffer ([`crate::DeviceSlice`]) sees the region's start
 /// and writes inside it only; a region reaching past its buffer is refused.
 pub fn region_arguments_stay_in_their_region(dev: &Device) -> Result<()> {
@@ -495,6 +555,7 @@ macro_rules! conformance_tests {
             many_streams_stress,
             out_of_memory_is_an_error,
             imported_host_memory_is_read_only,
+            uploads_from_registered_host_memory,
             table_experiment_through_device_api,
             region_arguments_stay_in_their_region,
             int8_kv_cache

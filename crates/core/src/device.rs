@@ -37,6 +37,15 @@ pub struct MemoryReport {
     pub reserved: usize,
 }
 
+/// Bytes uploaded so far by [`Device::upload_ranges`] and the uploads built on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UploadCounts {
+    /// Straight from host memory registered with [`Device::register_host`].
+    pub direct: u64,
+    /// Through a host copy into staging.
+    pub staged: u64,
+}
+
 pub(crate) struct StreamState {
     pub raw: RawStream,
     /// Operations queued so far; the fence of the latest is `(index, seq)`.
@@ -74,6 +83,22 @@ pub(crate) struct DeferredEvent {
     pub order: u64,
 }
 
+/// Host memory registered with the backend: uploads from inside it skip staging.
+pub(crate) struct Registered {
+    pub pinned: RawPinned,
+    /// Keeps the memory alive (and, being shared, unchanged) while registered.
+    pub _memory: Arc<dyn crate::buffer::HostMemory>,
+}
+
+impl Registered {
+    /// Where `bytes` starts inside this region, when it lies wholly inside.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<usize> {
+        let start = bytes.as_ptr() as usize;
+        let at = start.checked_sub(self.pinned.ptr as usize)?;
+        (at.checked_add(bytes.len())? <= self.pinned.len).then_some(at)
+    }
+}
+
 pub(crate) struct Staging {
     pub pinned: RawPinned,
     pub busy: Option<RawEvent>,
@@ -87,6 +112,8 @@ pub(crate) struct State {
     /// Deferred-release events recorded so far.
     pub deferred_events: u64,
     pub staging: Vec<Staging>,
+    pub registered: Vec<Registered>,
+    pub uploads: UploadCounts,
     pub reserved: usize,
     pub hazards: Vec<Hazard>,
 }
@@ -132,6 +159,8 @@ impl Device {
             deferred: Vec::new(),
             deferred_events: 0,
             staging: Vec::new(),
+            registered: Vec::new(),
+            uploads: UploadCounts::default(),
             reserved: 0,
             hazards: Vec::new(),
         };
@@ -186,6 +215,11 @@ impl Device {
             free: m.free,
             reserved: st.reserved,
         })
+    }
+
+    /// How the uploads so far went: straight from registered host memory, or staged.
+    pub fn upload_counts(&self) -> UploadCounts {
+        self.inner.lock().uploads
     }
 
     /// A buffer of `len` elements; its contents are unspecified until written.
@@ -245,6 +279,42 @@ impl Device {
         Ok(raw.map(|raw| {
             DeviceBuffer::with_owner(self.inner.clone(), raw, len, Some(memory.clone()))
         }))
+    }
+
+    /// Page-locks `memory` (read-only host memory: a mapped model file) for the device, so
+    /// that every later upload whose source lies inside it goes straight from it by DMA,
+    /// without a host copy into staging. `Ok(false)` where the backend cannot (uploads then
+    /// stage as before). The device keeps `memory` alive until it is dropped. Page-locking
+    /// touches every page: for a file not yet in the page cache that is a full read.
+    pub fn register_host(&self, memory: Arc<dyn crate::buffer::HostMemory>) -> Result<bool> {
+        let bytes = memory.bytes();
+        if bytes.is_empty() {
+            return Ok(false);
+        }
+        let (ptr, len) = (bytes.as_ptr(), bytes.len());
+        if self
+            .inner
+            .lock()
+            .registered
+            .iter()
+            .any(|r| r.offset_of(bytes).is_some())
+        {
+            return Ok(true);
+        }
+        // Outside the lock: pinning gigabytes takes seconds, and nothing else needs it.
+        // SAFETY: `memory` is shared and immutable; the device holds it until the region is
+        // unregistered (in `Inner::drop`, after synchronising).
+        let Some(pinned) = (unsafe { self.inner.backend.register_host(ptr, len)? }) else {
+            return Ok(false);
+        };
+        self.inner
+            .lock()
+            .registered
+            .push(crate::device::Registered {
+                pinned,
+                _memory: memory,
+            });
+        Ok(true)
     }
 
     /// Launches `kernel` on `stream` after the accesses of other streams it conflicts with.
@@ -672,6 +742,10 @@ impl Drop for Inner {
             }
             // SAFETY: idle device.
             unsafe { self.backend.free_pinned(s.pinned) };
+        }
+        for r in std::mem::take(&mut st.registered) {
+            // SAFETY: idle device; the memory is released only after this.
+            unsafe { self.backend.unregister_host(r.pinned) };
         }
         if let Some(c) = st.capture.take() {
             self.backend.destroy_event(c.pre_event);

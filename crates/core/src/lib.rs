@@ -21,7 +21,7 @@ pub use backend::{
     RawGraph, RawPinned, RawStream,
 };
 pub use buffer::{Args, DeviceBuffer, DeviceSlice, HostMemory, PinnedBuffer};
-pub use device::{Device, Event, MemoryReport, Stream};
+pub use device::{Device, Event, MemoryReport, Stream, UploadCounts};
 pub use error::{Error, Hazard, HazardKind, Result, Site};
 pub use graph::Graph;
 pub use kernel::{Access, KERNEL_MODULES, KernelArg, KernelId, LaunchCfg};

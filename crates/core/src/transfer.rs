@@ -121,10 +121,11 @@ impl Device {
     }
 
     /// Writes each `(offset, data)` piece into `dst[offset..]` on `stream`, as one upload
-    /// (ordered as [`Device::upload`]): the pieces are copied into one staging buffer by
-    /// several threads when they are large together, then each goes over the bus. Dozens
-    /// of expert matrices bound for cache slots then cost one parallel host copy instead
-    /// of a single-threaded memcpy each.
+    /// (ordered as [`Device::upload`]). A piece inside host memory registered with
+    /// [`Device::register_host`] goes to the device straight from it; the others are copied
+    /// into one staging buffer (by several threads when they are large together), then each
+    /// goes over the bus. Dozens of expert matrices bound for cache slots then cost one
+    /// parallel host copy, or none, instead of a single-threaded memcpy each.
     #[track_caller]
     pub fn upload_ranges<T: bytemuck::Pod>(
         &self,
@@ -139,43 +140,83 @@ impl Device {
         for (offset, data) in pieces {
             dst.check_range("upload", *offset, data.len(), site)?;
         }
-        let size = std::mem::size_of::<T>();
-        let mut parts = Vec::with_capacity(pieces.len());
-        let mut total = 0;
-        for (_, data) in pieces {
-            let bytes: &[u8] = bytemuck::cast_slice(data);
-            parts.push((total, bytes));
-            total += bytes.len();
-        }
         if pieces.is_empty() {
             return Ok(());
         }
+        let size = std::mem::size_of::<T>();
         let mut st = self.inner.lock();
         self.inner.refuse_during_capture(&st, "upload", site)?;
         self.inner.collect(&mut st);
-        let slot = self.inner.staging_slot(&mut st, total)?;
-        // SAFETY: the slot is idle (its last copy's event completed) and large enough.
-        unsafe { host_copy_parts(st.staging[slot].pinned.ptr, &parts) };
+        // Each piece's source: (registered region, offset in it), or its place in staging.
+        let mut direct = Vec::new();
+        let mut staged = Vec::new();
+        let mut staged_bytes = 0;
+        for (offset, data) in pieces {
+            let bytes: &[u8] = bytemuck::cast_slice(data);
+            let found = st
+                .registered
+                .iter()
+                .enumerate()
+                .find_map(|(r, reg)| reg.offset_of(bytes).map(|at| (r, at)));
+            match found {
+                Some((r, at)) => direct.push((offset * size, r, at, bytes.len())),
+                None => {
+                    staged.push((offset * size, staged_bytes, bytes));
+                    staged_bytes += bytes.len();
+                }
+            }
+        }
+        let slot = if staged.is_empty() {
+            None
+        } else {
+            let slot = self.inner.staging_slot(&mut st, staged_bytes)?;
+            let parts: Vec<(usize, &[u8])> = staged.iter().map(|&(_, at, b)| (at, b)).collect();
+            // SAFETY: the slot is idle (its last copy's event completed) and large enough.
+            unsafe { host_copy_parts(st.staging[slot].pinned.ptr, &parts) };
+            Some(slot)
+        };
         let accesses = [(dst.state().clone(), Access::Write)];
         self.inner.order(&mut st, stream.index, &accesses)?;
         let raw_stream = st.streams[stream.index as usize].raw;
-        for ((offset, _), (at, bytes)) in pieces.iter().zip(&parts) {
-            // SAFETY: staging stays untouched until the event recorded below completes.
+        let raw_dst = dst.state().raw;
+        for &(dst_at, r, at, len) in &direct {
+            // SAFETY: registered memory is immutable and outlives every copy (it is
+            // unregistered only after the device is synchronised, when dropped).
             unsafe {
                 self.inner.backend.copy_h2d(
                     raw_stream,
-                    dst.state().raw,
-                    offset * size,
-                    &st.staging[slot].pinned,
-                    *at,
-                    bytes.len(),
+                    raw_dst,
+                    dst_at,
+                    &st.registered[r].pinned,
+                    at,
+                    len,
                     site,
                 )?
             };
         }
+        if let Some(slot) = slot {
+            for &(dst_at, at, bytes) in &staged {
+                // SAFETY: staging stays untouched until the event recorded below completes.
+                unsafe {
+                    self.inner.backend.copy_h2d(
+                        raw_stream,
+                        raw_dst,
+                        dst_at,
+                        &st.staging[slot].pinned,
+                        at,
+                        bytes.len(),
+                        site,
+                    )?
+                };
+            }
+        }
         self.inner.complete(&mut st, stream.index, &accesses);
-        let ev = self.inner.backend.record_event(raw_stream)?;
-        st.staging[slot].busy = Some(ev);
+        st.uploads.direct += direct.iter().map(|d| d.3 as u64).sum::<u64>();
+        st.uploads.staged += staged_bytes as u64;
+        if let Some(slot) = slot {
+            let ev = self.inner.backend.record_event(raw_stream)?;
+            st.staging[slot].busy = Some(ev);
+        }
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use strata_backend_cpu::CpuOptions;
 use strata_core::Device;
 use strata_engine::Context;
 use strata_engine::experts::{
-    ExpertCache, ExpertCacheOptions, ExpertError, ModelId, Profile, SharedExpertCache,
+    ExpertCache, ExpertCacheOptions, ExpertError, ModelId, PinFile, Profile, SharedExpertCache,
 };
 use strata_gguf::GgufFile;
 use strata_model::synth::{self, SynthArch, SynthSpec};
@@ -78,71 +78,86 @@ fn cache(model: &Model, dev: &Device, opts: ExpertCacheOptions) -> SharedExpertC
 fn logits_are_the_same_for_every_cache_size() {
     for (arch, quant) in [(SynthArch::Qwen3Moe, "Q4_K"), (SynthArch::Qwen2Moe, "Q8_0")] {
         let g = gguf(arch, quant, 5);
-        let dev = cpu(false);
-        let reference = run(&mut context(&load(&dev, &g, true), &dev, None), 10);
-        let model = load(&dev, &g, false);
+        let reference = {
+            let dev = cpu(false);
+            run(&mut context(&load(&dev, &g, true), &dev, None), 10)
+        };
         let n_routed = 3 * 8;
         // (slots, online learning, adaptation, lend batches of more than this many tokens,
         // experts a layer streamed to a staging set instead of the pool)
-        for (slots, learn, adapt, lend, stream) in [
-            (0, false, false, 0, 0),
-            (1, false, false, 0, 0),
-            (n_routed / 2, false, false, 0, 0),
-            (n_routed / 2, true, true, 0, 0),
-            (n_routed, false, false, 0, 0),
-            (n_routed, true, false, 0, 0),
-            (0, false, false, 2, 0),
-            (n_routed / 2, false, false, 2, 0),
-            (0, false, false, 0, 1),
-            (0, false, false, 0, 8),
-            (n_routed / 2, false, false, 0, 1),
-            // Decode streams into the sets the lent prompt batches used and prefetched.
-            (n_routed / 2, false, false, 2, 1),
-        ] {
-            let opts = ExpertCacheOptions {
-                slots,
-                learn,
-                adapt,
-                lend_min_tokens: lend,
-                stream_experts: stream,
-                ..Default::default()
-            };
-            let c = cache(&model, &dev, opts);
-            if !learn {
-                // A fixed set: the experts of the first `slots` (layer, expert) pairs.
-                let counts: Vec<u64> = (0..n_routed as u64).map(|i| 100 - i).collect();
-                c.lock().unwrap().fill_from_counts(&counts).unwrap();
+        // Every configuration with uploads staged through a host copy, then straight from
+        // the registered file (a fresh device each: registration lasts a device's life).
+        for pin in [PinFile::Off, PinFile::On] {
+            let dev = cpu(false);
+            let model = load(&dev, &g, false);
+            for (slots, learn, adapt, lend, stream) in [
+                (0, false, false, 0, 0),
+                (1, false, false, 0, 0),
+                (n_routed / 2, false, false, 0, 0),
+                (n_routed / 2, true, true, 0, 0),
+                (n_routed, false, false, 0, 0),
+                (n_routed, true, false, 0, 0),
+                (0, false, false, 2, 0),
+                (n_routed / 2, false, false, 2, 0),
+                (0, false, false, 0, 1),
+                (0, false, false, 0, 8),
+                (n_routed / 2, false, false, 0, 1),
+                // Decode streams into the sets the lent prompt batches used and prefetched.
+                (n_routed / 2, false, false, 2, 1),
+            ] {
+                let opts = ExpertCacheOptions {
+                    slots,
+                    learn,
+                    adapt,
+                    lend_min_tokens: lend,
+                    stream_experts: stream,
+                    pin_file: pin,
+                    ..Default::default()
+                };
+                let c = cache(&model, &dev, opts);
+                if !learn {
+                    // A fixed set: the experts of the first `slots` (layer, expert) pairs.
+                    let counts: Vec<u64> = (0..n_routed as u64).map(|i| 100 - i).collect();
+                    c.lock().unwrap().fill_from_counts(&counts).unwrap();
+                }
+                let mut ctx = context(&model, &dev, Some(c.clone()));
+                let got = run(&mut ctx, 10);
+                let stats = c.lock().unwrap().stats().clone();
+                eprintln!(
+                    "{arch:?} {quant} slots {slots} learn {learn} adapt {adapt} lend {lend} stream {stream}: {stats}"
+                );
+                assert_eq!(stats.streamed_experts > 0, stream > 0, "{stats}");
+                // Prompt batches of 4 tokens are lent when the threshold is below 4.
+                assert_eq!(
+                    stats.lent_layers > 0,
+                    lend > 0 && slots < n_routed,
+                    "{stats}"
+                );
+                for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
+                    assert!(r.iter().all(|x| x.is_finite()));
+                    assert_eq!(r, g, "{arch:?} {quant}: {slots} slots, step {i} differs");
+                }
+                // Each configuration must exercise what it claims.
+                let (hits, misses) = (
+                    stats.decode_hits + stats.prefill_hits,
+                    stats.decode_misses + stats.prefill_misses,
+                );
+                match slots {
+                    0 => assert_eq!(hits, 0),
+                    1 => {}
+                    s if s == n_routed => assert!(hits > 0 && stats.slot_fills > 0),
+                    _ => assert!(hits > 0 && misses > 0, "{slots} slots: {stats}"),
+                }
+                if slots == n_routed && !learn {
+                    assert_eq!(misses, 0);
+                }
             }
-            let mut ctx = context(&model, &dev, Some(c.clone()));
-            let got = run(&mut ctx, 10);
-            let stats = c.lock().unwrap().stats().clone();
-            eprintln!(
-                "{arch:?} {quant} slots {slots} learn {learn} adapt {adapt} lend {lend} stream {stream}: {stats}"
-            );
-            assert_eq!(stats.streamed_experts > 0, stream > 0, "{stats}");
-            // Prompt batches of 4 tokens are lent when the threshold is below 4.
-            assert_eq!(
-                stats.lent_layers > 0,
-                lend > 0 && slots < n_routed,
-                "{stats}"
-            );
-            for (i, (r, g)) in reference.iter().zip(&got).enumerate() {
-                assert!(r.iter().all(|x| x.is_finite()));
-                assert_eq!(r, g, "{arch:?} {quant}: {slots} slots, step {i} differs");
-            }
-            // Each configuration must exercise what it claims.
-            let (hits, misses) = (
-                stats.decode_hits + stats.prefill_hits,
-                stats.decode_misses + stats.prefill_misses,
-            );
-            match slots {
-                0 => assert_eq!(hits, 0),
-                1 => {}
-                s if s == n_routed => assert!(hits > 0 && stats.slot_fills > 0),
-                _ => assert!(hits > 0 && misses > 0, "{slots} slots: {stats}"),
-            }
-            if slots == n_routed && !learn {
-                assert_eq!(misses, 0);
+            let uploads = dev.upload_counts();
+            eprintln!("{arch:?} {quant} {pin:?}: {uploads:?}");
+            // Both paths carried experts from the file.
+            match pin {
+                PinFile::Off => assert!(uploads.direct == 0 && uploads.staged > 0),
+                _ => assert!(uploads.direct > 0),
             }
         }
     }
@@ -167,6 +182,9 @@ fn residency_changes_leave_no_sanitizer_finding() {
             copies_per_step: 2,
             lend_min_tokens: lend,
             stream_experts: stream,
+            // The first configuration stages its uploads; the file is registered from the
+            // second on (for the device's life).
+            pin_file: if adapt { PinFile::On } else { PinFile::Off },
         };
         let c = cache(&model, &dev, opts);
         if !learn {

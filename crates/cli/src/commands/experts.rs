@@ -1,14 +1,14 @@
 //! The expert-cache flags every model-running command shares, and how they become an
 //! expert cache: `--expert-cache N|all` (default: what fits beside the other weights, the
 //! K/V and `--vram-reserve-mib`), `--cpu-threads`, `--resident`, `--profile`, `--adapt`,
-//! `--adapt-async`.
+//! `--adapt-async`, `--stream-experts`, `--pin-file`.
 
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use strata_core::Device;
 use strata_engine::Context;
-use strata_engine::experts::{ExpertCache, ExpertCacheOptions, SharedExpertCache};
+use strata_engine::experts::{ExpertCache, ExpertCacheOptions, PinFile, SharedExpertCache};
 use strata_gguf::GgufFile;
 use strata_model::Model;
 
@@ -50,6 +50,10 @@ pub struct ExpertArgs {
     /// (0: the pool computes them all).
     #[arg(long = "stream-experts", default_value_t = 0, value_name = "N")]
     pub stream_experts: usize,
+    /// Page-lock the mapped model file for the GPU, so experts go from it to the device by
+    /// DMA without a host copy (auto: when the file takes at most 3/4 of the memory).
+    #[arg(long = "pin-file", default_value = "auto", value_name = "auto|on|off")]
+    pub pin_file: PinFile,
 }
 
 /// Where the routed experts go.
@@ -156,6 +160,7 @@ impl ExpertArgs {
             copies_per_step: self.adapt_copies.max(1),
             lend_min_tokens: self.short_read,
             stream_experts: self.stream_experts,
+            pin_file: self.pin_file,
         };
         let cache = ExpertCache::for_model(dev, model, pool_dev, opts, self.profile.as_deref())?;
         Ok(cache.shared())

@@ -42,6 +42,8 @@ pub struct ExpertCacheOptions {
     /// experts are uploaded into a staging set and computed on the device while the pool
     /// computes the others (PCIe and the pool's cores work at once); 0 never does.
     pub stream_experts: usize,
+    /// Page-lock the mapped file for the device ([`super::PinFile`]).
+    pub pin_file: super::PinFile,
 }
 
 impl Default for ExpertCacheOptions {
@@ -54,6 +56,7 @@ impl Default for ExpertCacheOptions {
             copies_per_step: 4,
             lend_min_tokens: 64,
             stream_experts: 0,
+            pin_file: super::PinFile::Auto,
         }
     }
 }

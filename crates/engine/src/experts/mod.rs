@@ -7,12 +7,14 @@
 //! - `layout`: where each expert's matrices are, in the file and in a slot;
 //! - `residency`: the table, host truth and device copy, published by ordered uploads;
 //! - `pool`: the CPU pool;
+//! - `pin`: page-locking the mapped file, so uploads from it skip staging;
 //! - `cache`: slots, fills, online learning, adaptation, and the per-layer offload step;
 //! - `profile`: routing counts on disk (`strata profile`, `--profile`);
 //! - `stats`: what a request's decode did (hit rate, CPU experts, bytes, overlap).
 
 mod cache;
 mod layout;
+mod pin;
 mod pool;
 mod profile;
 mod residency;
@@ -20,6 +22,7 @@ mod stats;
 
 pub use cache::{ExpertCache, ExpertCacheOptions, SlotChange};
 pub use layout::{LayerExperts, Layout, MatrixView};
+pub use pin::{PinFile, pin_file};
 pub use pool::CpuPool;
 pub use profile::{ModelId, Profile};
 pub use residency::{Residency, TableUpload};
@@ -81,6 +84,7 @@ impl ExpertCache {
             None => None,
         };
         let pool = CpuPool::new(pool_dev, model, model.gguf.clone())?;
+        pin_file(dev, &model.gguf, opts.pin_file);
         let mut cache = ExpertCache::new(dev, layout, model.gguf.clone(), pool, opts)?;
         if let Some(c) = counts {
             cache.fill_from_counts(&c)?;
