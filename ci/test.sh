@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 # CI's disk is shared and has run out (stop 19: the linker died with a bus error, then
 # "No space left on device"). Line tables keep panics' file:line; full debug info and the
-# incremental cache roughly doubled the target directory and are of no use to a one-shot run.
+# incremental cache only make the target directory bigger, of no use to a one-shot run (a
+# clean run with these settings peaked at 2.1 GB here).
 export CARGO_INCREMENTAL=0
 export CARGO_PROFILE_DEV_DEBUG=line-tables-only
 export CARGO_PROFILE_TEST_DEBUG=line-tables-only
