@@ -74,6 +74,9 @@ fn cache(model: &Model, dev: &Device, opts: ExpertCacheOptions) -> SharedExpertC
         .shared()
 }
 
+/// A configuration's `stream` that means `--stream-experts auto`.
+const STREAM_AUTO: usize = usize::MAX;
+
 #[test]
 fn logits_are_the_same_for_every_cache_size() {
     for (arch, quant) in [(SynthArch::Qwen3Moe, "Q4_K"), (SynthArch::Qwen2Moe, "Q8_0")] {
@@ -83,13 +86,13 @@ fn logits_are_the_same_for_every_cache_size() {
             run(&mut context(&load(&dev, &g, true), &dev, None), 10)
         };
         let n_routed = 3 * 8;
-        // (slots, online learning, adaptation, lend batches of more than this many tokens,
-        // experts a layer streamed to a staging set instead of the pool)
         // Every configuration with uploads staged through a host copy, then straight from
         // the registered file (a fresh device each: registration lasts a device's life).
         for pin in [PinFile::Off, PinFile::On] {
             let dev = cpu(false);
             let model = load(&dev, &g, false);
+            // (slots, online learning, adaptation, lend batches of more than this many
+            // tokens, experts a layer streamed to a staging set instead of the pool)
             for (slots, learn, adapt, lend, stream) in [
                 (0, false, false, 0, 0),
                 (1, false, false, 0, 0),
@@ -104,13 +107,17 @@ fn logits_are_the_same_for_every_cache_size() {
                 (n_routed / 2, false, false, 0, 1),
                 // Decode streams into the sets the lent prompt batches used and prefetched.
                 (n_routed / 2, false, false, 2, 1),
+                // As many as the finish order of the two sides asks for, layer by layer.
+                (0, false, false, 0, STREAM_AUTO),
+                (n_routed / 2, false, false, 2, STREAM_AUTO),
             ] {
                 let opts = ExpertCacheOptions {
                     slots,
                     learn,
                     adapt,
                     lend_min_tokens: lend,
-                    stream_experts: stream,
+                    stream_experts: stream.min(8),
+                    stream_auto: stream == STREAM_AUTO,
                     pin_file: pin,
                     ..Default::default()
                 };
@@ -182,6 +189,7 @@ fn residency_changes_leave_no_sanitizer_finding() {
             copies_per_step: 2,
             lend_min_tokens: lend,
             stream_experts: stream,
+            stream_auto: false,
             // The first configuration stages its uploads; the file is registered from the
             // second on (for the device's life).
             pin_file: if adapt { PinFile::On } else { PinFile::Off },

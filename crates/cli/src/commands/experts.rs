@@ -47,9 +47,10 @@ pub struct ExpertArgs {
     pub short_read: u32,
     /// Decode: up to N of a layer's non-resident experts are uploaded over PCIe into the
     /// staging buffers and computed on the device while the CPU pool computes the others
-    /// (0: the pool computes them all).
-    #[arg(long = "stream-experts", default_value_t = 0, value_name = "N")]
-    pub stream_experts: usize,
+    /// (0: the pool computes them all; auto: as many as keep both sides busy, measured
+    /// layer by layer).
+    #[arg(long = "stream-experts", default_value = "0", value_name = "N|auto")]
+    pub stream_experts: String,
     /// Page-lock the mapped model file for the GPU, so experts go from it to the device by
     /// DMA without a host copy (auto: when the file takes at most 3/4 of the memory).
     #[arg(long = "pin-file", default_value = "auto", value_name = "auto|on|off")]
@@ -150,6 +151,24 @@ impl ExpertArgs {
             ..env
         })
         .context("starting the CPU pool")?;
+        let (stream_experts, stream_auto) = match self.stream_experts.as_str() {
+            // Auto moves between none and every routed expert of a layer.
+            "auto" => (
+                model
+                    .hp
+                    .moe
+                    .as_ref()
+                    .map_or(0, |m| m.n_expert_used as usize),
+                true,
+            ),
+            "" => (0, false),
+            n => (
+                n.parse().with_context(|| {
+                    format!("--stream-experts takes a number or `auto`, got `{n}`")
+                })?,
+                false,
+            ),
+        };
         let opts = ExpertCacheOptions {
             slots,
             // Without a profile the cache learns online; with one, a resident set
@@ -159,7 +178,8 @@ impl ExpertArgs {
             adapt_async: self.adapt_async,
             copies_per_step: self.adapt_copies.max(1),
             lend_min_tokens: self.short_read,
-            stream_experts: self.stream_experts,
+            stream_experts,
+            stream_auto,
             pin_file: self.pin_file,
         };
         let cache = ExpertCache::for_model(dev, model, pool_dev, opts, self.profile.as_deref())?;

@@ -17,6 +17,7 @@ use super::layout::Layout;
 use super::pool::CpuPool;
 use super::residency::Residency;
 use super::stats::ExpertStats;
+use super::stream_balance::StreamBalance;
 
 mod kv_slots;
 pub use kv_slots::SlotChange;
@@ -42,6 +43,9 @@ pub struct ExpertCacheOptions {
     /// experts are uploaded into a staging set and computed on the device while the pool
     /// computes the others (PCIe and the pool's cores work at once); 0 never does.
     pub stream_experts: usize,
+    /// Decode picks how many to stream (up to `stream_experts`) from which side finished
+    /// a layer first ([`super::stream_balance`]).
+    pub stream_auto: bool,
     /// Page-lock the mapped file for the device ([`super::PinFile`]).
     pub pin_file: super::PinFile,
 }
@@ -56,6 +60,7 @@ impl Default for ExpertCacheOptions {
             copies_per_step: 4,
             lend_min_tokens: 64,
             stream_experts: 0,
+            stream_auto: false,
             pin_file: super::PinFile::Auto,
         }
     }
@@ -96,6 +101,8 @@ pub struct ExpertCache {
     /// were on the host (for the decode timeline).
     layer_end: Option<Instant>,
     pool_end: Option<Instant>,
+    /// The streamed share of decode layers, with `opts.stream_auto`.
+    balance: StreamBalance,
 }
 
 /// (layer, expert) pairs by count, hottest first, ties to the lower (layer, expert).
@@ -139,6 +146,7 @@ impl ExpertCache {
         let slots = dev.alloc::<u8>(bytes)?;
         let (nl, ne) = (layout.n_layer(), layout.n_expert as usize);
         let table = Residency::new(dev, copy, nl, ne, opts.slots)?;
+        let balance = StreamBalance::new(opts.stream_experts);
         tracing::info!(
             "expert cache: {} of {} experts in {:.1} MiB of slots ({:.2} MiB each)",
             opts.slots,
@@ -170,6 +178,7 @@ impl ExpertCache {
             opts,
             layer_end: None,
             pool_end: None,
+            balance,
         })
     }
 
@@ -399,8 +408,14 @@ impl ExpertCache {
         }
         // Some of the pool's experts over PCIe to a staging set instead, computed on the
         // device while the pool computes the others.
-        let streamed = if self.opts.stream_experts > 0 && !cpu_ids.is_empty() {
-            let set = self.stream_misses(il, &mut host_row, &mut cpu_ids, &mut cpu_tok, k)?;
+        let limit = if self.opts.stream_auto {
+            self.balance.n()
+        } else {
+            self.opts.stream_experts
+        };
+        let streamed = if limit > 0 && !cpu_ids.is_empty() {
+            let set =
+                self.stream_misses(il, &mut host_row, &mut cpu_ids, &mut cpu_tok, k, limit)?;
             Some(set)
         } else {
             None
@@ -487,6 +502,11 @@ impl ExpertCache {
         if n == 1 {
             self.stats.decode.pool_seconds += pool_time.as_secs_f64();
             self.pool_end = Some(Instant::now());
+            if self.opts.stream_auto {
+                let device_work = device_done.is_some();
+                self.balance
+                    .observe(device_work, device_end, pool_time, cpu_ids.len());
+            }
         }
         self.stats.overlap_seconds += match (&device_done, device_end) {
             (None, _) => 0.0,
@@ -588,7 +608,7 @@ impl ExpertCache {
         Ok(uploaded)
     }
 
-    /// Takes up to `opts.stream_experts` of the pool's experts of layer `il` (the first
+    /// Takes up to `limit` of the pool's experts of layer `il` (the first
     /// ones its pairs name) off the pool: their matrices are uploaded into a staging set,
     /// which the returned index names, and their pairs' rows become device rows
     /// (`host_row` -1). The pool's lists are rebuilt in the same order.
@@ -599,12 +619,13 @@ impl ExpertCache {
         cpu_ids: &mut Vec<i32>,
         cpu_tok: &mut Vec<usize>,
         k: usize,
+        limit: usize,
     ) -> Result<usize, ExpertError> {
         let ne = self.layout.n_expert as usize;
         let mut want = vec![false; ne];
         let mut picked = 0;
         for &id in cpu_ids.iter() {
-            if picked == self.opts.stream_experts {
+            if picked == limit {
                 break;
             }
             if !want[id as usize] {

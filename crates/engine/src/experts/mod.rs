@@ -10,7 +10,8 @@
 //! - `pin`: page-locking the mapped file, so uploads from it skip staging;
 //! - `cache`: slots, fills, online learning, adaptation, and the per-layer offload step;
 //! - `profile`: routing counts on disk (`strata profile`, `--profile`);
-//! - `stats`: what a request's decode did (hit rate, CPU experts, bytes, overlap).
+//! - `stats`: what a request's decode did (hit rate, CPU experts, bytes, overlap);
+//! - `stream_balance`: how many missing experts a decode layer streams to the device.
 
 mod cache;
 mod layout;
@@ -19,6 +20,7 @@ mod pool;
 mod profile;
 mod residency;
 mod stats;
+mod stream_balance;
 
 pub use cache::{ExpertCache, ExpertCacheOptions, SlotChange};
 pub use layout::{LayerExperts, Layout, MatrixView};

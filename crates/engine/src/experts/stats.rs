@@ -115,8 +115,9 @@ impl fmt::Display for ExpertStats {
         if self.streamed_experts > 0 {
             write!(
                 f,
-                ", {} experts streamed to the device",
-                self.streamed_experts
+                ", {} experts streamed to the device ({:.2} a decode token)",
+                self.streamed_experts,
+                self.streamed_experts as f64 / self.decode_tokens.max(1) as f64
             )?;
         }
         let (d, t) = (&self.decode, self.decode_tokens);
