@@ -372,6 +372,12 @@ fn window_cost(
                 w.bus_bytes() as f64 / (1u64 << 20) as f64,
                 w.pool_seconds
             );
+            if w.window.layers > 0 {
+                eprintln!(
+                    "strata bench: a window's MoE layers (ms): {}",
+                    w.window.summary(w.windows)
+                );
+            }
         }
     }
     let median_ms = |v: &[f64]| {

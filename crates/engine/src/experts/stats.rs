@@ -38,10 +38,16 @@ pub struct ExpertStats {
     pub streamed_experts: u64,
     /// Where the host's time of decode steps went, layer by layer.
     pub decode: DecodeTimeline,
+    /// Short batches of several tokens that did not lend (verify windows, short prompt
+    /// reads), and the same timeline of their layers.
+    pub windows: u64,
+    pub window_tokens: u64,
+    pub window: DecodeTimeline,
 }
 
-/// The host's critical path through the MoE layers of single-token steps (decode), in
-/// seconds summed over layers: what a decode token costs beyond the pool's own work.
+/// The host's critical path through the MoE layers of single-token steps (decode), or of
+/// short batches, in seconds summed over layers: what a step costs beyond the pool's own
+/// work.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DecodeTimeline {
     /// MoE layers of decode steps.
@@ -91,6 +97,21 @@ impl ExpertStats {
     }
 }
 
+impl DecodeTimeline {
+    /// The phases per step, in milliseconds, over `steps` steps.
+    pub fn summary(&self, steps: u64) -> String {
+        let ms = |s: f64| 1e3 * s / steps.max(1) as f64;
+        format!(
+            "launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}",
+            ms(self.launch_seconds),
+            ms(self.router_wait_seconds),
+            ms(self.activation_wait_seconds),
+            ms(self.pool_seconds),
+            ms(self.return_seconds),
+        )
+    }
+}
+
 impl fmt::Display for ExpertStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -120,18 +141,18 @@ impl fmt::Display for ExpertStats {
                 self.streamed_experts as f64 / self.decode_tokens.max(1) as f64
             )?;
         }
-        let (d, t) = (&self.decode, self.decode_tokens);
-        if d.layers > 0 {
-            // t > 0: a decode layer belongs to a counted decode token.
-            let ms = |s: f64| 1e3 * s / t.max(1) as f64;
+        if self.decode.layers > 0 {
+            // A decode layer belongs to a counted decode token.
+            let per = self.decode.summary(self.decode_tokens);
+            write!(f, "; a decode token's MoE layers (ms): {per}")?;
+        }
+        if self.window.layers > 0 {
             write!(
                 f,
-                "; a decode token's MoE layers (ms): launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}",
-                ms(d.launch_seconds),
-                ms(d.router_wait_seconds),
-                ms(d.activation_wait_seconds),
-                ms(d.pool_seconds),
-                ms(d.return_seconds),
+                "; a short batch's MoE layers ({} batches, {:.1} tokens each; ms): {}",
+                self.windows,
+                self.window_tokens as f64 / self.windows.max(1) as f64,
+                self.window.summary(self.windows)
             )?;
         }
         Ok(())
