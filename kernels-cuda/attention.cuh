@@ -164,6 +164,8 @@ struct AttKvF16 {
         att_prefetch(k + j * row + head_at, 2 * head_dim);
         att_prefetch(v + j * row + head_at, 2 * head_dim);
     }
+    __device__ __forceinline__ void prefetch_k(uint64_t j) const { att_prefetch(k + j * row + head_at, 2 * head_dim); }
+    __device__ __forceinline__ void prefetch_v(uint64_t j) const { att_prefetch(v + j * row + head_at, 2 * head_dim); }
     // Dimensions 2p and 2p + 1 of row j's V.
     __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
         const uint32_t v2 = *(const uint32_t*)(v + j * row + head_at + 2 * p);
@@ -215,6 +217,12 @@ struct AttKvQ8 {
         att_prefetch(k + j * row + head_at, 2 * (uint32_t)head_stride);
         att_prefetch(v + j * row + head_at, 2 * (uint32_t)head_stride);
     }
+    __device__ __forceinline__ void prefetch_k(uint64_t j) const {
+        att_prefetch(k + j * row + head_at, 2 * (uint32_t)head_stride);
+    }
+    __device__ __forceinline__ void prefetch_v(uint64_t j) const {
+        att_prefetch(v + j * row + head_at, 2 * (uint32_t)head_stride);
+    }
     __device__ __forceinline__ void v_pair(uint64_t j, uint32_t p, float& a, float& b) const {
         const uint16_t* blk = v + j * row + head_at + (2 * p / 32) * 17;
         const float d = f16_to_f32(blk[0]);
@@ -249,6 +257,246 @@ __device__ __forceinline__ void att_scores(const Kv& kv, const float* qs, uint64
     }
 }
 
+// The shared arrays of attention.cuh's kernels, one set per block whichever path a unit
+// takes (attention_long.cuh's path reuses them: a block has 48 KiB of static shared
+// memory).
+struct AttSmem {
+    float qs[ATT_HEADS * ATT_Q_STRIDE];
+    // Scores, then exponentials, then probabilities of the block's first chunks
+    // ([chunk][head][row]); a later chunk's in `scratch`. Once P·V is done the same memory
+    // holds its row subsets' sums ([subset][head][dim]), subset 0's place then the block's
+    // partial output.
+    float stored[ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK];
+    float scratch[ATT_HEADS * ATT_CHUNK];
+    float part_max[ATT_HEADS], head_max[ATT_HEADS], inv_sum[ATT_HEADS];
+    double part_sum[ATT_HEADS];
+};
+static_assert(2 * ATT_HEADS * ATT_MAX_THREADS <= ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK,
+              "the subset sums fit the stored scores");
+
+// Whether the kernels take this launch shape (else they write NaN).
+template <class Kv>
+__device__ __forceinline__ bool att_shape_ok(uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim) {
+    const uint32_t T = blockDim.x, pairs = head_dim / 2;
+    return !((T & 31) != 0 || T > ATT_MAX_THREADS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
+             head_dim == 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1) || pairs > T ||
+             (!Kv::rounds_query && head_dim % 32 != 0));
+}
+
+// What unit `un` is: its token, K/V head, first query head and number of query heads.
+struct AttUnit {
+    uint64_t t;
+    uint32_t kvh, h0, nh;
+};
+__device__ __forceinline__ AttUnit att_unit(uint64_t un, uint32_t n_head, uint32_t n_kv_head) {
+    const uint32_t group = n_head / n_kv_head, head_groups = (group + ATT_HEADS - 1) / ATT_HEADS;
+    AttUnit u;
+    u.t = un / ((uint64_t)n_kv_head * head_groups);
+    const uint32_t rest = (uint32_t)(un % ((uint64_t)n_kv_head * head_groups));
+    u.kvh = rest / head_groups;
+    const uint32_t hg = rest % head_groups;
+    u.h0 = u.kvh * group + hg * ATT_HEADS;
+    u.nh = min(ATT_HEADS, group - hg * ATT_HEADS);
+    return u;
+}
+__device__ __forceinline__ uint64_t att_units(uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head) {
+    const uint32_t group = n_head / n_kv_head, head_groups = (group + ATT_HEADS - 1) / ATT_HEADS;
+    return (uint64_t)n_tokens * n_kv_head * head_groups;
+}
+// A position's span: rows 0..=pos, none for a position outside the cache.
+__device__ __forceinline__ uint64_t att_span(int32_t p, uint32_t n_ctx) {
+    return (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
+}
+// The unit's queries into sm.qs (f16-rounded for the f16 cache).
+template <class Kv>
+__device__ __forceinline__ void att_load_queries(float* qs, const float* qg, uint32_t nh,
+                                                 uint32_t head_dim) {
+    for (uint32_t i = threadIdx.x; i < nh * head_dim; i += blockDim.x) {
+        const uint32_t h = i / head_dim, d = i % head_dim;
+        qs[att_q_at(h, d, head_dim)] = Kv::rounds_query ? round_to_f16(qg[i]) : qg[i];
+    }
+}
+
+// One unit (see the top) by the cluster: the path of every span attention_split takes.
+template <class Kv>
+__device__ __forceinline__ void att_unit_split(AttSmem& sm, const float* q, const int32_t* pos,
+                                               float* out, uint64_t un, uint32_t n_head,
+                                               uint32_t n_kv_head, uint32_t head_dim,
+                                               uint32_t n_ctx, float scale, const Kv& cache) {
+    float* const qs = sm.qs;
+    float* const stored = sm.stored;
+    float* const scratch = sm.scratch;
+    float* const subset_acc = stored;
+    float* const part_max = sm.part_max;
+    float* const head_max = sm.head_max;
+    float* const inv_sum = sm.inv_sum;
+    double* const part_sum = sm.part_sum;
+    const uint32_t T = blockDim.x, pairs = head_dim / 2;
+    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = T >> 5;
+    const uint32_t rank = att_cluster_rank();
+    // P·V: thread (subset s, pair p) takes rows s, s + S, ... of each chunk.
+    const uint32_t pair = tid % pairs, subset = tid / pairs, subsets = T / pairs;
+    const AttUnit u = att_unit(un, n_head, n_kv_head);
+    const uint64_t t = u.t;
+    const uint32_t h0 = u.h0, nh = u.nh;
+    Kv kv = cache;
+    kv.head_at = (uint64_t)u.kvh * cache.head_stride;
+    const uint64_t span = att_span(pos[t], n_ctx);
+    const uint64_t chunks = (span + ATT_CHUNK - 1) / ATT_CHUNK;
+    const bool alone = chunks <= 1;  // the same for every block of the cluster
+    float* o = out + (t * n_head + h0) * head_dim;
+    if (alone && rank != 0) return;
+    att_load_queries<Kv>(qs, q + (t * n_head + h0) * head_dim, nh, head_dim);
+    if (tid < ATT_HEADS) {
+        part_max[tid] = -F32_INF;
+        part_sum[tid] = 0.0;
+    }
+    __syncthreads();
+    // The scores of the block's k-th chunk: stored, or recomputed into scratch.
+    auto chunk_scores = [&](uint64_t k, bool compute) -> float* {
+        const uint64_t c = rank + k * ATT_CLUSTER, row0 = c * ATT_CHUNK;
+        const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
+        float* dst = k < ATT_STORED_CHUNKS ? stored + k * ATT_HEADS * ATT_CHUNK : scratch;
+        if (compute) {
+            att_scores(kv, qs, row0, rows, nh, scale, dst);
+            __syncthreads();
+        }
+        return dst;
+    };
+    const uint64_t mine = chunks > rank ? (chunks - rank + ATT_CLUSTER - 1) / ATT_CLUSTER : 0;
+    // Every row of the block's later chunks into L2 now (the first chunk is loaded at
+    // once anyway), so their loads overlap this chunk's work.
+    for (uint64_t i = ATT_CHUNK + tid; i < mine * ATT_CHUNK; i += T) {
+        const uint64_t j = (rank + (i / ATT_CHUNK) * ATT_CLUSTER) * ATT_CHUNK + i % ATT_CHUNK;
+        if (j < span) kv.prefetch(j);
+    }
+
+    // 1. Scores and their maximum per head (a warp per head).
+    for (uint64_t k = 0; k < mine; k++) {
+        const float* s = chunk_scores(k, true);
+        const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - (rank + k * ATT_CLUSTER) * ATT_CHUNK);
+        for (uint32_t h = warp; h < nh; h += nwarps) {
+            float m = -F32_INF;
+            for (uint32_t r = lane; r < rows; r += 32) m = fmaxf(m, s[h * ATT_CHUNK + r]);
+            m = warp_max(m);
+            if (lane == 0) part_max[h] = fmaxf(part_max[h], m);
+        }
+        __syncthreads();
+    }
+    if (!alone) att_cluster_sync();
+    if (tid < nh) {
+        float m = -F32_INF;
+        for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
+            m = fmaxf(m, att_cluster_load(part_max + tid, b));
+        head_max[tid] = m;
+    }
+    __syncthreads();
+
+    // 2. Exponentials (in place of the scores) and their sum in f64.
+    for (uint64_t k = 0; k < mine; k++) {
+        float* s = chunk_scores(k, k >= ATT_STORED_CHUNKS);
+        const uint64_t row0 = (rank + k * ATT_CLUSTER) * ATT_CHUNK;
+        const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
+        for (uint32_t h = warp; h < nh; h += nwarps) {
+            double sum = 0.0;
+            for (uint32_t r = lane; r < rows; r += 32) {
+                const float e = Kv::exp(__fsub_rn(s[h * ATT_CHUNK + r], head_max[h]), row0 + r, span);
+                s[h * ATT_CHUNK + r] = e;
+                sum += (double)e;
+            }
+            sum = warp_sum_f64(sum);
+            if (lane == 0) part_sum[h] += sum;
+        }
+        __syncthreads();
+    }
+    if (!alone) att_cluster_sync();
+    if (tid < nh) {
+        double sum = 0.0;
+        for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
+            sum += att_cluster_load_f64(part_sum + tid, b);
+        inv_sum[tid] = (float)(1.0 / sum);
+    }
+    __syncthreads();
+
+    // 3. P·V with the normalised probabilities, rows in subsets.
+    float acc[ATT_HEADS][2];
+#pragma unroll
+    for (uint32_t h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.0f;
+    for (uint64_t k = 0; k < mine; k++) {
+        const bool again = k >= ATT_STORED_CHUNKS;
+        float* s = chunk_scores(k, again);
+        const uint64_t row0 = (rank + k * ATT_CLUSTER) * ATT_CHUNK;
+        const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
+        // Probabilities in place: from the stored exponentials, or from recomputed scores.
+        for (uint32_t i = tid; i < nh * ATT_CHUNK; i += T) {
+            const uint32_t h = i / ATT_CHUNK, r = i % ATT_CHUNK;
+            if (r >= rows) continue;
+            const float e = again ? Kv::exp(__fsub_rn(s[i], head_max[h]), row0 + r, span) : s[i];
+            s[i] = Kv::probability(__fmul_rn(e, inv_sum[h]));
+        }
+        __syncthreads();
+        if (subset < subsets) {
+            // ATT_PV_ROWS of this thread's rows loaded together, then summed in order.
+            for (uint32_t r0 = subset; r0 < rows; r0 += ATT_PV_ROWS * subsets) {
+                float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
+#pragma unroll
+                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+                    const uint32_t r = r0 + i * subsets;
+                    if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
+                }
+#pragma unroll
+                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+                    const uint32_t r = r0 + i * subsets;
+                    if (r >= rows) break;
+#pragma unroll
+                    for (uint32_t h = 0; h < ATT_HEADS; h++) {
+                        if (h < nh) {
+                            const float pr = s[h * ATT_CHUNK + r];
+                            acc[h][0] = fmaf(pr, va[i], acc[h][0]);
+                            acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();  // scratch is rewritten by the next chunk
+    }
+    // The block's partial output: the row subsets' sums added in subset order, into
+    // subset 0's place (each element read and written by one thread).
+    if (subset < subsets)
+#pragma unroll
+        for (uint32_t h = 0; h < ATT_HEADS; h++)
+            if (h < nh) {
+                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
+                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
+            }
+    __syncthreads();
+    for (uint32_t i = tid; i < nh * head_dim; i += T) {
+        float v = 0.0f;
+        for (uint32_t sb = 0; sb < subsets; sb++)
+            v = __fadd_rn(v, subset_acc[sb * ATT_HEADS * head_dim + i]);
+        if (alone)
+            o[i] = v;
+        else
+            subset_acc[i] = v;
+    }
+    if (alone) {
+        __syncthreads();  // the next unit rewrites the shared arrays
+        return;
+    }
+    // The cluster's sum of the blocks' outputs, in rank order; block r writes every
+    // ATT_CLUSTER-th slice.
+    att_cluster_sync();
+    for (uint32_t i = rank * T + tid; i < nh * head_dim; i += ATT_CLUSTER * T) {
+        float v = 0.0f;
+#pragma unroll
+        for (uint32_t b = 0; b < ATT_CLUSTER; b++)
+            v = __fadd_rn(v, att_cluster_load(subset_acc + i, b));
+        o[i] = v;
+    }
+    att_cluster_sync();  // the cluster is done reading this unit's shared arrays
+}
+
 // The kernel body over the cache view `cache` (head_at is set per unit). Blocks of whole
 // warps, at least head_dim / 2 threads, at most ATT_MAX_THREADS.
 template <class Kv>
@@ -256,195 +504,10 @@ __device__ __forceinline__ void attention_split(const float* q, const int32_t* p
                                                 uint32_t n_tokens, uint32_t n_head,
                                                 uint32_t n_kv_head, uint32_t head_dim,
                                                 uint32_t n_ctx, float scale, Kv cache) {
-    __shared__ float qs[ATT_HEADS * ATT_Q_STRIDE];
-    // Scores, then exponentials, then probabilities of the block's first chunks
-    // ([chunk][head][row]); a later chunk's in `scratch`. Once P·V is done the same memory
-    // holds its row subsets' sums ([subset][head][dim]), subset 0's place then the block's
-    // partial output.
-    __shared__ float stored[ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK];
-    __shared__ float scratch[ATT_HEADS * ATT_CHUNK];
-    float* const subset_acc = stored;
-    static_assert(2 * ATT_HEADS * ATT_MAX_THREADS <= ATT_STORED_CHUNKS * ATT_HEADS * ATT_CHUNK,
-                  "the subset sums fit the stored scores");
-    __shared__ float part_max[ATT_HEADS], head_max[ATT_HEADS], inv_sum[ATT_HEADS];
-    __shared__ double part_sum[ATT_HEADS];
-    const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
-    const uint32_t T = blockDim.x, pairs = head_dim / 2;
-    if ((T & 31) != 0 || T > ATT_MAX_THREADS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
-        head_dim == 0 || head_dim > ATT_MAX_HEAD_DIM || (head_dim & 1) || pairs > T ||
-        (!Kv::rounds_query && head_dim % 32 != 0))
-        return fill_nan(out, total);
-    const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = T >> 5;
-    const uint32_t rank = att_cluster_rank();
-    const uint32_t group = n_head / n_kv_head, head_groups = (group + ATT_HEADS - 1) / ATT_HEADS;
-    // P·V: thread (subset s, pair p) takes rows s, s + S, ... of each chunk.
-    const uint32_t pair = tid % pairs, subset = tid / pairs, subsets = T / pairs;
-    const uint64_t units = (uint64_t)n_tokens * n_kv_head * head_groups;
-    for (uint64_t un = att_cluster_id(); un < units; un += att_clusters()) {
-        const uint64_t t = un / ((uint64_t)n_kv_head * head_groups);
-        const uint32_t rest = (uint32_t)(un % ((uint64_t)n_kv_head * head_groups));
-        const uint32_t kvh = rest / head_groups, hg = rest % head_groups;
-        const uint32_t h0 = kvh * group + hg * ATT_HEADS, nh = min(ATT_HEADS, group - hg * ATT_HEADS);
-        Kv kv = cache;
-        kv.head_at = (uint64_t)kvh * cache.head_stride;
-        const int32_t p = pos[t];
-        const uint64_t span = (p < 0 || (uint32_t)p >= n_ctx) ? 0 : (uint64_t)p + 1;
-        const uint64_t chunks = (span + ATT_CHUNK - 1) / ATT_CHUNK;
-        const bool alone = chunks <= 1;  // the same for every block of the cluster
-        float* o = out + (t * n_head + h0) * head_dim;
-        if (alone && rank != 0) continue;
-        const float* qg = q + (t * n_head + h0) * head_dim;
-        for (uint32_t i = tid; i < nh * head_dim; i += T) {
-            const uint32_t h = i / head_dim, d = i % head_dim;
-            qs[att_q_at(h, d, head_dim)] = Kv::rounds_query ? round_to_f16(qg[i]) : qg[i];
-        }
-        if (tid < ATT_HEADS) {
-            part_max[tid] = -F32_INF;
-            part_sum[tid] = 0.0;
-        }
-        __syncthreads();
-        // The scores of the block's k-th chunk: stored, or recomputed into scratch.
-        auto chunk_scores = [&](uint64_t k, bool compute) -> float* {
-            const uint64_t c = rank + k * ATT_CLUSTER, row0 = c * ATT_CHUNK;
-            const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
-            float* dst = k < ATT_STORED_CHUNKS ? stored + k * ATT_HEADS * ATT_CHUNK : scratch;
-            if (compute) {
-                att_scores(kv, qs, row0, rows, nh, scale, dst);
-                __syncthreads();
-            }
-            return dst;
-        };
-        const uint64_t mine = chunks > rank ? (chunks - rank + ATT_CLUSTER - 1) / ATT_CLUSTER : 0;
-        // Every row of the block's later chunks into L2 now (the first chunk is loaded at
-        // once anyway), so their loads overlap this chunk's work.
-        for (uint64_t i = ATT_CHUNK + tid; i < mine * ATT_CHUNK; i += T) {
-            const uint64_t j = (rank + (i / ATT_CHUNK) * ATT_CLUSTER) * ATT_CHUNK + i % ATT_CHUNK;
-            if (j < span) kv.prefetch(j);
-        }
-
-        // 1. Scores and their maximum per head (a warp per head).
-        for (uint64_t k = 0; k < mine; k++) {
-            const float* s = chunk_scores(k, true);
-            const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - (rank + k * ATT_CLUSTER) * ATT_CHUNK);
-            for (uint32_t h = warp; h < nh; h += nwarps) {
-                float m = -F32_INF;
-                for (uint32_t r = lane; r < rows; r += 32) m = fmaxf(m, s[h * ATT_CHUNK + r]);
-                m = warp_max(m);
-                if (lane == 0) part_max[h] = fmaxf(part_max[h], m);
-            }
-            __syncthreads();
-        }
-        if (!alone) att_cluster_sync();
-        if (tid < nh) {
-            float m = -F32_INF;
-            for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
-                m = fmaxf(m, att_cluster_load(part_max + tid, b));
-            head_max[tid] = m;
-        }
-        __syncthreads();
-
-        // 2. Exponentials (in place of the scores) and their sum in f64.
-        for (uint64_t k = 0; k < mine; k++) {
-            float* s = chunk_scores(k, k >= ATT_STORED_CHUNKS);
-            const uint64_t row0 = (rank + k * ATT_CLUSTER) * ATT_CHUNK;
-            const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
-            for (uint32_t h = warp; h < nh; h += nwarps) {
-                double sum = 0.0;
-                for (uint32_t r = lane; r < rows; r += 32) {
-                    const float e = Kv::exp(__fsub_rn(s[h * ATT_CHUNK + r], head_max[h]), row0 + r, span);
-                    s[h * ATT_CHUNK + r] = e;
-                    sum += (double)e;
-                }
-                sum = warp_sum_f64(sum);
-                if (lane == 0) part_sum[h] += sum;
-            }
-            __syncthreads();
-        }
-        if (!alone) att_cluster_sync();
-        if (tid < nh) {
-            double sum = 0.0;
-            for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
-                sum += att_cluster_load_f64(part_sum + tid, b);
-            inv_sum[tid] = (float)(1.0 / sum);
-        }
-        __syncthreads();
-
-        // 3. P·V with the normalised probabilities, rows in subsets.
-        float acc[ATT_HEADS][2];
-#pragma unroll
-        for (uint32_t h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.0f;
-        for (uint64_t k = 0; k < mine; k++) {
-            const bool again = k >= ATT_STORED_CHUNKS;
-            float* s = chunk_scores(k, again);
-            const uint64_t row0 = (rank + k * ATT_CLUSTER) * ATT_CHUNK;
-            const uint32_t rows = (uint32_t)min((uint64_t)ATT_CHUNK, span - row0);
-            // Probabilities in place: from the stored exponentials, or from recomputed scores.
-            for (uint32_t i = tid; i < nh * ATT_CHUNK; i += T) {
-                const uint32_t h = i / ATT_CHUNK, r = i % ATT_CHUNK;
-                if (r >= rows) continue;
-                const float e = again ? Kv::exp(__fsub_rn(s[i], head_max[h]), row0 + r, span) : s[i];
-                s[i] = Kv::probability(__fmul_rn(e, inv_sum[h]));
-            }
-            __syncthreads();
-            if (subset < subsets) {
-                // ATT_PV_ROWS of this thread's rows loaded together, then summed in order.
-                for (uint32_t r0 = subset; r0 < rows; r0 += ATT_PV_ROWS * subsets) {
-                    float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
-#pragma unroll
-                    for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                        const uint32_t r = r0 + i * subsets;
-                        if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
-                    }
-#pragma unroll
-                    for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                        const uint32_t r = r0 + i * subsets;
-                        if (r >= rows) break;
-#pragma unroll
-                        for (uint32_t h = 0; h < ATT_HEADS; h++) {
-                            if (h < nh) {
-                                const float pr = s[h * ATT_CHUNK + r];
-                                acc[h][0] = fmaf(pr, va[i], acc[h][0]);
-                                acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
-                            }
-                        }
-                    }
-                }
-            }
-            __syncthreads();  // scratch is rewritten by the next chunk
-        }
-        // The block's partial output: the row subsets' sums added in subset order, into
-        // subset 0's place (each element read and written by one thread).
-        if (subset < subsets)
-#pragma unroll
-            for (uint32_t h = 0; h < ATT_HEADS; h++)
-                if (h < nh) {
-                    subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
-                    subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
-                }
-        __syncthreads();
-        for (uint32_t i = tid; i < nh * head_dim; i += T) {
-            float v = 0.0f;
-            for (uint32_t sb = 0; sb < subsets; sb++)
-                v = __fadd_rn(v, subset_acc[sb * ATT_HEADS * head_dim + i]);
-            if (alone)
-                o[i] = v;
-            else
-                subset_acc[i] = v;
-        }
-        if (alone) {
-            __syncthreads();  // the next unit rewrites the shared arrays
-            continue;
-        }
-        // The cluster's sum of the blocks' outputs, in rank order; block r writes every
-        // ATT_CLUSTER-th slice.
-        att_cluster_sync();
-        for (uint32_t i = rank * T + tid; i < nh * head_dim; i += ATT_CLUSTER * T) {
-            float v = 0.0f;
-#pragma unroll
-            for (uint32_t b = 0; b < ATT_CLUSTER; b++)
-                v = __fadd_rn(v, att_cluster_load(subset_acc + i, b));
-            o[i] = v;
-        }
-        att_cluster_sync();  // the cluster is done reading this unit's shared arrays
-    }
+    __shared__ AttSmem sm;
+    if (!att_shape_ok<Kv>(n_head, n_kv_head, head_dim))
+        return fill_nan(out, (uint64_t)n_tokens * n_head * head_dim);
+    const uint64_t units = att_units(n_tokens, n_head, n_kv_head);
+    for (uint64_t un = att_cluster_id(); un < units; un += att_clusters())
+        att_unit_split(sm, q, pos, out, un, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }

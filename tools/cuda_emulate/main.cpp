@@ -8,11 +8,16 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
 #define MMQ_WINDOW 64
+// attention_long.cuh's long path from 100 rows, in pieces of 4+ rows and rounds of two
+// chunks, so that test_attention_long reaches its groups, pieces and rounds at small spans.
+#define ATT_LONG_MIN_SPAN 100
+#define ATT_LONG_MIN_PIECE 4
+#define ATT_LONG_ROUND_CHUNKS 2
 #include "model.cu"
 #include "fused.cu"
 #include "experts.cu"
@@ -750,6 +755,7 @@ static void test_qkv_rope() {
 #include "test_mmq.h"
 #include "test_vec_q8.h"
 #include "test_cached.h"
+#include "test_attention_long.h"
 
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
@@ -760,6 +766,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "embed") test_embed();
     if (only.empty() || only == "attention") test_attention();
     if (only.empty() || only == "attention" || only == "attention_prefill") test_attention_prefill();
+    if (only.empty() || only == "attention" || only == "attention_long") test_attention_long();
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();

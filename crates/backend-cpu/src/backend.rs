@@ -15,6 +15,7 @@ use strata_core::{
 use crate::CpuOptions;
 use crate::kernels::{self, ArgSlot, KernelArgs};
 use crate::memory::{AlignedBytes, Arena, CpuBuffer};
+use crate::profile::{self, KernelTimes};
 use crate::sanitizer::{AccessLog, DelayRng, Stamp, VClock};
 use crate::worker::{EventState, JobCtx, StreamWorker, idle_spin};
 
@@ -56,6 +57,8 @@ pub(crate) struct Shared {
     total_memory: usize,
     /// Kernel threads (`CpuOptions::threads`); `None` when that is 1.
     pool: Option<kernels::KernelPool>,
+    /// The stream threads' time in each kernel, while `STRATA_KERNEL_TIMING=1`.
+    kernel_times: KernelTimes,
 }
 
 /// The CPU backend. Create a [`strata_core::Device`] over it with [`crate::device`].
@@ -199,6 +202,7 @@ impl Shared {
         buffers: &[(Arc<CpuBuffer>, Access)],
         site: Site,
     ) {
+        let t0 = profile::enabled().then(std::time::Instant::now);
         let result = self.with_locked(ctx, site, buffers, |ptrs| {
             let mut slots = Vec::with_capacity(args.len());
             for a in args {
@@ -236,6 +240,9 @@ impl Shared {
                 &KernelArgs::new(cfg, slots).with_pool(self.pool.as_ref()),
             )
         });
+        if let Some(t0) = t0 {
+            self.kernel_times.add(kernel, t0.elapsed().as_secs_f64());
+        }
         if let Err(e) = result {
             self.fail(format!("kernel {} at {site}: {e}", kernel.name()));
         }
@@ -411,6 +418,7 @@ impl CpuBackend {
                 rng: Mutex::new(DelayRng::new(seed)),
                 total_memory,
                 pool,
+                kernel_times: KernelTimes::default(),
             }),
         })
     }
@@ -790,6 +798,14 @@ impl Backend for CpuBackend {
 
     fn take_hazards(&self) -> Vec<Hazard> {
         std::mem::take(&mut *lock(&self.sh.hazards))
+    }
+
+    fn kernel_times(&self) -> Result<Vec<strata_core::KernelTime>> {
+        if !profile::enabled() {
+            return Ok(Vec::new());
+        }
+        self.synchronize()?;
+        Ok(self.sh.kernel_times.take())
     }
 
     fn copy_h2d_unordered(

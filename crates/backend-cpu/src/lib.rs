@@ -4,10 +4,12 @@
 mod backend;
 pub mod kernels;
 mod memory;
+mod profile;
 mod sanitizer;
 mod worker;
 
 pub use backend::CpuBackend;
+pub use profile::{PoolUtilisation, pool_utilisation};
 
 use strata_core::{Device, Result};
 

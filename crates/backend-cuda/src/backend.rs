@@ -279,6 +279,18 @@ impl Backend for CudaBackend {
                 r => driver::error("cuMemAlloc_v2", r),
             });
         }
+        // Zeroed once: attention_long's per-unit counters start at 0 and every launch
+        // leaves them so (attention_long.cuh).
+        // SAFETY: the SCRATCH_BYTES just allocated; synchronous.
+        let r = unsafe { sys::cuMemsetD8_v2(scratch, 0, SCRATCH_BYTES) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: the allocation and stream just created, unused.
+            unsafe {
+                sys::cuMemFree_v2(scratch);
+                sys::cuStreamDestroy_v2(s);
+            }
+            return Err(driver::error("cuMemsetD8_v2", r));
+        }
         let mut streams = self.streams.write().unwrap_or_else(|e| e.into_inner());
         streams.push(StreamSlot {
             handle: s as usize,
@@ -558,16 +570,17 @@ impl Backend for CudaBackend {
         self.bind()?;
         let slot = self.stream_slot(stream)?;
         let s = slot.handle as sys::CUstream;
-        // A variant with a pre-launch takes the stream's scratch as one more argument.
+        // A variant with a pre-launch (or attention_long) takes the stream's scratch as one
+        // more argument.
         let mut with_scratch = [KernelArg::U32(0); MAX_ARGS];
-        let args = match &choice.pre {
-            Some(_) if args.len() < MAX_ARGS => {
+        let args = match choice.scratch {
+            true if args.len() < MAX_ARGS => {
                 with_scratch[..args.len()].copy_from_slice(args);
                 with_scratch[args.len()] = KernelArg::U64(slot.scratch);
                 &with_scratch[..=args.len()]
             }
-            Some(_) => return Err(bad(format!("{} arguments and a scratch", args.len()))),
-            None => args,
+            true => return Err(bad(format!("{} arguments and a scratch", args.len()))),
+            false => args,
         };
         if let Some(params) = &entry.params {
             kernels::check_args(params, args).map_err(bad)?;

@@ -91,6 +91,9 @@ pub(crate) struct LaunchChoice<'a> {
     pub grid: Option<VariantGrid>,
     pub grid_exact: bool,
     pub pre: Option<PreChoice<'a>>,
+    /// Whether the stream's scratch is passed as one more argument (a variant with a
+    /// pre-launch, or one that says so).
+    pub scratch: bool,
 }
 
 /// A variant's pre-launch (variants.rs `PreLaunch`): its kernel, grid and block.
@@ -443,6 +446,7 @@ impl KernelTable {
                     dynamic_smem: smem,
                     grid: lv.v.grid,
                     grid_exact: lv.v.grid_exact,
+                    scratch: lv.v.scratch || pre.is_some(),
                     pre,
                 })
             });
@@ -452,6 +456,7 @@ impl KernelTable {
             grid: None,
             grid_exact: false,
             pre: None,
+            scratch: false,
         }))
     }
 }

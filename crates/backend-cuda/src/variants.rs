@@ -5,6 +5,8 @@
 
 use strata_core::{KernelArg, KernelId};
 
+use crate::attention_long::{ATT_LONG_SCRATCH_END, attention_long_applies, attention_long_grid};
+
 /// A variant's own grid: the blocks it has work for, from the launch's arguments and block
 /// size (`None`: the launch's grid).
 pub(crate) type VariantGrid = fn(args: &[KernelArg], block_threads: u32) -> Option<u32>;
@@ -33,6 +35,9 @@ pub(crate) struct Variant {
     pub grid_exact: bool,
     /// A kernel launched just before this one (see [`PreLaunch`]).
     pub pre: Option<PreLaunch>,
+    /// Whether it takes the stream's scratch buffer as one more argument without a
+    /// pre-launch (attention_long: its per-unit counters and partial results).
+    pub scratch: bool,
 }
 
 /// A kernel the backend launches just before a variant, on the same stream and with the
@@ -48,10 +53,14 @@ pub(crate) struct PreLaunch {
     pub block: u32,
 }
 
-/// Bytes of each stream's scratch buffer: mul_mat_vec_q8's quantised activation row (a
-/// byte per value, then a scale and a Q8_1 sum per 32 values) for rows of up to
-/// [`MVQ_MAX_K`] values.
-pub(crate) const SCRATCH_BYTES: usize = MVQ_MAX_K as usize * 5 / 4;
+/// Bytes of each stream's scratch buffer: mul_mat_vec_q8's quantised activation rows
+/// ([`MVQ_SCRATCH_BYTES`]), then (attention_long.rs ATT_LONG_SCRATCH_AT) attention_long's
+/// per-unit counters and partial results: ~9 MiB in all.
+pub(crate) const SCRATCH_BYTES: usize = ATT_LONG_SCRATCH_END;
+
+/// The scratch's part for mul_mat_vec_q8's quantised activation row (a byte per value,
+/// then a scale and a Q8_1 sum per 32 values) for rows of up to [`MVQ_MAX_K`] values.
+pub(crate) const MVQ_SCRATCH_BYTES: usize = MVQ_MAX_K as usize * 5 / 4;
 
 /// Longest row mul_mat_vec_q8 takes (longer ones run mul_mat_vec).
 const MVQ_MAX_K: u32 = 65_536;
@@ -105,7 +114,7 @@ fn mvq_expert_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
     let (k, n_used, per_slot) = (u32_arg(a, 6)?, u32_arg(a, 8)?, u32_arg(a, 9)?);
     let rows = if per_slot != 0 { n_used } else { 1 };
     let stride = (u64::from(k) * 5 / 4).div_ceil(16) * 16;
-    (u64::from(rows) * stride <= SCRATCH_BYTES as u64).then_some((rows, k))
+    (u64::from(rows) * stride <= MVQ_SCRATCH_BYTES as u64).then_some((rows, k))
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -253,6 +262,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             grid: |a| Some(mvq_quantise_grid(u32_arg(a, 5)?)),
             block: 256,
         }),
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMat,
@@ -262,6 +272,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMat,
@@ -279,6 +290,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         }),
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMat,
@@ -293,6 +305,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, ...): the ungrouped form.
     Variant {
@@ -317,6 +330,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
             },
             block: 256,
         }),
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -326,6 +340,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -340,6 +355,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     Variant {
         of: KernelId::MulMatExperts,
@@ -356,6 +372,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
     // x_per_slot, n_expert, ...): a window's pairs grouped by expert (experts.cu), each
@@ -383,6 +400,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         }),
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
     // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, ...): one token.
     Variant {
@@ -401,6 +419,29 @@ pub(crate) const VARIANTS: &[Variant] = &[
             grid: |a| Some(mvq_quantise_grid(u32_arg(a, 7)?)),
             block: 256,
         }),
+        scratch: false,
+    },
+    // attention(q, pos, k, v, out | n_tokens, ...) of up to 64 tokens in a context longer
+    // than 1,024 rows: long spans over up to 64 blocks (attention_long.cuh).
+    Variant {
+        of: KernelId::Attention,
+        func: "attention_long",
+        applies: attention_long_applies,
+        large_smem: false,
+        grid: Some(attention_long_grid),
+        grid_exact: true,
+        pre: None,
+        scratch: true,
+    },
+    Variant {
+        of: KernelId::AttentionQ8,
+        func: "attention_long_q8",
+        applies: attention_long_applies,
+        large_smem: false,
+        grid: Some(attention_long_grid),
+        grid_exact: true,
+        pre: None,
+        scratch: true,
     },
     // attention(q, pos, k, v, out | n_tokens, ...): prefill batches on tensor cores.
     Variant {
@@ -411,6 +452,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: Some(attention_prefill_grid),
         grid_exact: false,
         pre: None,
+        scratch: false,
     },
 ];
 
@@ -526,7 +568,7 @@ mod tests {
         // Before mul_mat_vec, which keeps the launches it declines (for_launch takes the
         // first variant that applies); the scratch holds the longest row it takes.
         assert!(find("mul_mat_vec_q8") < find("mul_mat_vec"));
-        assert_eq!(SCRATCH_BYTES, 65_536 + 65_536 / 32 * 8);
+        assert_eq!(MVQ_SCRATCH_BYTES, 65_536 + 65_536 / 32 * 8);
     }
 
     #[test]

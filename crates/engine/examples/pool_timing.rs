@@ -78,7 +78,13 @@ fn pool_decode_layer_time() {
         .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
         .collect();
     let (mut times, mut queue_times) = (Vec::new(), Vec::new());
+    let mut per_kernel: Vec<(strata_core::KernelId, Vec<f64>)> = Vec::new();
+    let mut outside = Vec::new();
+    let mut util0 = strata_backend_cpu::pool_utilisation();
     for t in 0..tokens + 4 {
+        if t == 4 {
+            util0 = strata_backend_cpu::pool_utilisation();
+        }
         for &(il, n_expert, used) in &moe {
             let mut ids: Vec<i32> = Vec::new();
             while ids.len() < used as usize {
@@ -95,9 +101,20 @@ fn pool_decode_layer_time() {
             let y = pending.wait().unwrap();
             let dt = t0.elapsed().as_secs_f64();
             assert_eq!(y.len(), ids.len() * embd);
+            // This call's kernels (empty unless STRATA_KERNEL_TIMING=1).
+            let kernels = pool.device().kernel_times().unwrap();
             if t >= 4 {
                 times.push(dt);
                 queue_times.push(queued);
+                let mut in_kernels = 0.0;
+                for k in kernels {
+                    in_kernels += k.seconds;
+                    match per_kernel.iter_mut().find(|(id, _)| *id == k.kernel) {
+                        Some((_, v)) => v.push(k.seconds),
+                        None => per_kernel.push((k.kernel, vec![k.seconds])),
+                    }
+                }
+                outside.push(dt - in_kernels);
             }
         }
     }
@@ -113,6 +130,53 @@ fn pool_decode_layer_time() {
         times[times.len() / 10] * 1e6,
         times.len()
     );
+    print_profile(per_kernel, outside, util0, times.len(), threads);
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// With `STRATA_KERNEL_TIMING=1`: where a layer's time went, as medians over the calls
+/// (robust on a loaded machine): each kernel's time on the stream thread, and the rest of
+/// the wall time (uploads, download, the hand-offs between the host and the stream
+/// thread); of the split launches, the share of their threads' time spent in tasks (the
+/// rest: quantising activations, dispatch, waiting for the last task).
+fn print_profile(
+    per_kernel: Vec<(strata_core::KernelId, Vec<f64>)>,
+    outside: Vec<f64>,
+    util0: strata_backend_cpu::PoolUtilisation,
+    calls: usize,
+    threads: usize,
+) {
+    if per_kernel.is_empty() {
+        println!("  (STRATA_KERNEL_TIMING=1 for a breakdown)");
+        return;
+    }
+    for (id, v) in per_kernel {
+        println!("  {:<18} median {:>8.1} us", id.name(), median(v) * 1e6);
+    }
+    println!(
+        "  {:<18} median {:>8.1} us (wall time outside kernels)",
+        "rest",
+        median(outside) * 1e6
+    );
+    let u = strata_backend_cpu::pool_utilisation();
+    let (avail, busy) = (
+        u.thread_seconds - util0.thread_seconds,
+        u.busy_seconds - util0.busy_seconds,
+    );
+    if avail > 0.0 {
+        let per = |s: f64| s / calls as f64 * 1e6;
+        println!(
+            "  split launches: {:.1} a layer, threads busy in tasks {:.1}% (mean {:.1} of {:.1} thread-us a layer; {threads} threads)",
+            (u.launches - util0.launches) as f64 / calls as f64,
+            100.0 * busy / avail,
+            per(busy),
+            per(avail)
+        );
+    }
 }
 
 /// The fixed cost the pool pays a layer before any kernel: a small pinned upload and a

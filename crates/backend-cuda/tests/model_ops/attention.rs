@@ -240,7 +240,9 @@ fn attend(
 /// formats: one token at depth 20000, and a 64-token window at 1100..1164 (chunk 18 starts
 /// at 1152), against the CPU; and each of some of the window's rows launched alone gives
 /// the same bits as in the window (decode steps, verify windows and short reads rely on
-/// it: the engine's spec identity). The q8_0 kernel sums in f32 as the CPU does (~1e-5
+/// it: the engine's spec identity); a second window straddles attention_long's threshold
+/// (its rows of spans over 1,024 split over up to 64 blocks, the others as before), so
+/// both paths run in one launch. The q8_0 kernel sums in f32 as the CPU does (~1e-5
 /// apart in the emulator), hence its tighter tolerance.
 #[test]
 fn attention_deep_and_in_windows_matches_the_cpu() {
@@ -273,28 +275,36 @@ fn attention_deep_and_in_windows_matches_the_cpu() {
             tol,
             |_| 1.0,
         );
-        let window: Vec<i32> = (1100..1164).collect();
-        let q = rng.vec(window.len() * row, 2.0);
-        let cpu = attend(&p.cpu, q8, &cpu_cache, &q, &window, heads, ctx);
-        let gpu = attend(&p.gpu, q8, &gpu_cache, &q, &window, heads, ctx);
-        rep.close(&format!("{fmt} 64 tokens at 1100"), &gpu, &cpu, tol, |_| {
-            1.0
-        });
-        for t in [0usize, 51, 52, 63] {
-            let alone = attend(
-                &p.gpu,
-                q8,
-                &gpu_cache,
-                &q[t * row..(t + 1) * row],
-                &window[t..t + 1],
-                heads,
-                ctx,
+        // The second window straddles attention_long's threshold (spans over 1,024 rows:
+        // its row 34, at 1024, is the first long one; backend-cuda attention_long.rs).
+        for (start, rows) in [(1100, [0usize, 51, 52, 63]), (990, [0, 33, 34, 63])] {
+            let window: Vec<i32> = (start..start + 64).collect();
+            let q = rng.vec(window.len() * row, 2.0);
+            let cpu = attend(&p.cpu, q8, &cpu_cache, &q, &window, heads, ctx);
+            let gpu = attend(&p.gpu, q8, &gpu_cache, &q, &window, heads, ctx);
+            rep.close(
+                &format!("{fmt} 64 tokens at {start}"),
+                &gpu,
+                &cpu,
+                tol,
+                |_| 1.0,
             );
-            rep.exact(
-                &format!("{fmt} row {t} of the window alone"),
-                &alone,
-                &gpu[t * row..(t + 1) * row],
-            );
+            for t in rows {
+                let alone = attend(
+                    &p.gpu,
+                    q8,
+                    &gpu_cache,
+                    &q[t * row..(t + 1) * row],
+                    &window[t..t + 1],
+                    heads,
+                    ctx,
+                );
+                rep.exact(
+                    &format!("{fmt} row {t} of the window at {start} alone"),
+                    &alone,
+                    &gpu[t * row..(t + 1) * row],
+                );
+            }
         }
     }
     rep.finish();

@@ -130,6 +130,8 @@ impl Gemm<'_> {
                 let mut r = r0;
                 if let Some(rows8) = q4_k_rows8(self.f.ty).or(t.rows8) {
                     let mut out = [0f32; ROWS8];
+                    // Tried: prefetching the next 8 rows (T0, a line at a time) while these
+                    // are computed: twice slower from memory (EPYC, one thread).
                     while r + ROWS8 <= r1 {
                         rows8(k, &std::array::from_fn(|j| w(r + j)), act, &mut out);
                         for (j, &v) in out.iter().enumerate() {
@@ -442,37 +444,43 @@ mod tests {
             return;
         };
         let Some(avx2) = t.rows8 else { return };
-        let k = 1024;
-        let rows: Vec<Vec<u8>> = (0..ROWS8)
-            .map(|r| {
-                let mut v: Vec<u8> = (0..k / 256 * 144).map(|i| (i * 7 + r) as u8).collect();
-                for b in v.chunks_exact_mut(144) {
-                    b[..4].copy_from_slice(&[0, 0x20, 0, 0x1c]);
+        // 768 and 2048: a Qwen3-30B-A3B expert's down and gate/up rows.
+        for k in [768, 1024, 2048] {
+            let rows: Vec<Vec<u8>> = (0..ROWS8)
+                .map(|r| {
+                    let mut v: Vec<u8> = (0..k / 256 * 144).map(|i| (i * 7 + r) as u8).collect();
+                    for b in v.chunks_exact_mut(144) {
+                        b[..4].copy_from_slice(&[0, 0x20, 0, 0x1c]);
+                    }
+                    v
+                })
+                .collect();
+            let x: Vec<f32> = (0..k).map(|i| ((i * 13) % 17) as f32 - 8.0).collect();
+            let mut act = vec![0u8; k / 256 * 292];
+            strata_quant::quantize_activation_into(strata_quant::ActFormat::Q8_K, &x, &mut act)
+                .unwrap();
+            let refs: [&[u8]; ROWS8] = std::array::from_fn(|r| rows[r].as_slice());
+            for (name, f) in [
+                ("avx2", avx2),
+                ("vnni", vnni),
+                ("avx2", avx2),
+                ("vnni", vnni),
+            ] {
+                let mut best = f64::MAX;
+                let mut out = [0f32; ROWS8];
+                for _ in 0..200 {
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..1000 {
+                        f(k, &refs, std::hint::black_box(&act), &mut out);
+                    }
+                    best = best.min(t0.elapsed().as_secs_f64());
                 }
-                v
-            })
-            .collect();
-        let x: Vec<f32> = (0..k).map(|i| ((i * 13) % 17) as f32 - 8.0).collect();
-        let mut act = vec![0u8; k / 256 * 292];
-        strata_quant::quantize_activation_into(strata_quant::ActFormat::Q8_K, &x, &mut act)
-            .unwrap();
-        let refs: [&[u8]; ROWS8] = std::array::from_fn(|r| rows[r].as_slice());
-        for (name, f) in [
-            ("avx2", avx2),
-            ("vnni", vnni),
-            ("avx2", avx2),
-            ("vnni", vnni),
-        ] {
-            let mut best = f64::MAX;
-            let mut out = [0f32; ROWS8];
-            for _ in 0..200 {
-                let t0 = std::time::Instant::now();
-                for _ in 0..1000 {
-                    f(k, &refs, std::hint::black_box(&act), &mut out);
-                }
-                best = best.min(t0.elapsed().as_secs_f64());
+                println!(
+                    "{name}: {:.1} ns per 8 rows x {k} ({:.1} ns a block)",
+                    best * 1e6,
+                    best * 1e6 / (k / 256 * 8) as f64
+                );
             }
-            println!("{name}: {:.1} ns per 8 rows x {k}", best * 1e6);
         }
     }
 }

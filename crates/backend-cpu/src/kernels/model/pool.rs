@@ -203,12 +203,25 @@ impl KernelPool {
             (0..n).for_each(f);
             return;
         };
+        let t0 = crate::profile::enabled().then(Instant::now);
         let mut start = 0;
         while start < n {
             let count = (n - start).min(MAX_TASKS);
-            let offset = |i: usize| f(start + i);
-            self.round(&mut launch, count, &offset);
+            if t0.is_some() {
+                let timed = |i: usize| {
+                    let t = Instant::now();
+                    f(start + i);
+                    crate::profile::add_task(t.elapsed().as_nanos() as u64);
+                };
+                self.round(&mut launch, count, &timed);
+            } else {
+                let offset = |i: usize| f(start + i);
+                self.round(&mut launch, count, &offset);
+            }
             start += count;
+        }
+        if let Some(t0) = t0 {
+            crate::profile::add_split_launch(t0.elapsed().as_nanos() as u64, self.threads());
         }
     }
 
