@@ -1,6 +1,7 @@
 //! A stream is a worker thread running its queue in order; an event is a position in a
 //! stream's queue. Waits between streams block the waiting worker, as a GPU stream would.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -27,6 +28,8 @@ pub const MAX_PENDING: u64 = 1024;
 struct Progress {
     done: Mutex<Done>,
     cv: Condvar,
+    /// `done.count`, published after each job (release) for waiters that poll.
+    finished: AtomicU64,
 }
 
 /// The finished-job count and the smallest count a waiter sleeps for, so the thread
@@ -47,6 +50,24 @@ struct Done {
 /// part of the layer runs.
 pub fn idle_spin(us: Option<u64>) -> Duration {
     Duration::from_micros(us.unwrap_or(0).min(10_000))
+}
+
+/// How long a host waiting on a polling stream (one with an idle spin, the CPU pool's)
+/// polls before it sleeps: about a CPU pool layer or two. A sleeping host is woken by a
+/// futex and, in a VM, an inter-processor interrupt, tens of microseconds a layer on the
+/// critical path; `STRATA_CPU_HOST_POLL_US` overrides it (0: always sleep, for A/B timing).
+fn host_poll(spin: Duration) -> Duration {
+    static US: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let env = *US.get_or_init(|| {
+        std::env::var("STRATA_CPU_HOST_POLL_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    match env {
+        Some(us) => Duration::from_micros(us.min(100_000)),
+        None if spin.is_zero() => Duration::ZERO,
+        None => Duration::from_millis(2),
+    }
 }
 
 /// The next job, polled for up to `spin` (yielding now and then, so a loaded machine's
@@ -73,6 +94,8 @@ fn next_job(rx: &Receiver<Job>, spin: Duration) -> Option<Job> {
 
 pub struct StreamWorker {
     sender: Mutex<Option<Sender<Job>>>,
+    /// How long a host waiting for this stream polls before it sleeps ([`host_poll`]).
+    host_poll: Duration,
     /// Jobs queued so far.
     queued: Mutex<u64>,
     progress: Arc<Progress>,
@@ -85,6 +108,7 @@ impl StreamWorker {
         let (tx, rx) = channel::<Job>();
         let worker = Arc::new(StreamWorker {
             sender: Mutex::new(Some(tx)),
+            host_poll: host_poll(spin),
             queued: Mutex::new(0),
             progress: Arc::new(Progress::default()),
             thread: Mutex::new(None),
@@ -109,6 +133,8 @@ impl StreamWorker {
                     }
                     let mut d = progress.done.lock().unwrap_or_else(|e| e.into_inner());
                     d.count += 1;
+                    // Release: a poller that reads this count sees the job's writes.
+                    progress.finished.store(d.count, Ordering::Release);
                     if d.wanted != 0 && d.count >= d.wanted {
                         d.wanted = 0;
                         progress.cv.notify_all();
@@ -144,15 +170,15 @@ impl StreamWorker {
     }
 
     pub fn done(&self) -> u64 {
-        self.progress
-            .done
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .count
+        self.progress.finished.load(Ordering::Acquire)
     }
 
-    /// Blocks until at least `target` jobs have finished.
+    /// Blocks until at least `target` jobs have finished: polls first on a polling
+    /// stream (see [`host_poll`]), then sleeps.
     pub fn wait_until(&self, target: u64) {
+        if !self.host_poll.is_zero() && self.poll_until(target) {
+            return;
+        }
         let mut d = self.progress.done.lock().unwrap_or_else(|e| e.into_inner());
         while d.count < target {
             // Woken when the smallest target is reached: every waiter then re-registers.
@@ -160,6 +186,25 @@ impl StreamWorker {
                 d.wanted = target;
             }
             d = self.progress.cv.wait(d).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Polls the finished-job count for up to `host_poll` (yielding now and then, so the
+    /// stream and kernel threads keep their cores on a loaded machine); true once at
+    /// least `target` jobs have finished.
+    fn poll_until(&self, target: u64) -> bool {
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                if self.done() >= target {
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if start.elapsed() > self.host_poll {
+                return false;
+            }
+            std::thread::yield_now();
         }
     }
 
@@ -200,6 +245,26 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// A host waiting on a polling stream returns once its job has finished and sees
+    /// what the job wrote, whether the job ends while it polls (short jobs) or after it
+    /// has gone to sleep (longer than the poll).
+    #[test]
+    fn a_polling_wait_returns_after_the_job_with_its_writes() {
+        let w = StreamWorker::spawn(0, Duration::from_micros(100)).unwrap();
+        assert!(!w.host_poll.is_zero() || std::env::var("STRATA_CPU_HOST_POLL_US").is_ok());
+        for (i, sleep_us) in [0u64, 50, 300, 5_000, 0, 3_000].into_iter().enumerate() {
+            let cell = Arc::new(Mutex::new(None));
+            let c = cell.clone();
+            let target = w.push(Box::new(move |_| {
+                std::thread::sleep(Duration::from_micros(sleep_us));
+                *c.lock().unwrap() = Some(i);
+            }));
+            w.wait_until(target);
+            assert!(w.done() >= target);
+            assert_eq!(*cell.lock().unwrap(), Some(i), "job {i} ({sleep_us} us)");
+        }
+    }
 
     /// While the stream is stuck on a slow job, `push` holds the queue to at most
     /// `MAX_PENDING` jobs behind (it would queue all of them at once otherwise), and every

@@ -1,11 +1,14 @@
 //! Timing of the CPU pool alone (a tool, not a test): decode-shaped calls (one token's
 //! routed experts per layer, every layer in turn, fresh random experts each call) on a CPU
-//! pool device, the median wall time of a layer's `start` + `wait`; then a CPU device's
-//! upload-and-download round trip. For A/B runs of the pool's per-layer path (the pool
-//! device takes `STRATA_CPU_*` settings from the environment, e.g.
-//! `STRATA_CPU_STREAM_SPIN_US`):
+//! pool device set up as `strata` sets it (its stream polls for work between layers), the
+//! median wall time of a layer's `start` + `wait`; then that device's upload-and-download
+//! round trip. With `STRATA_KERNEL_TIMING=1`, also where a layer's time went (each
+//! kernel, the rest, how busy the kernel threads were). For A/B runs of the pool's
+//! per-layer path (the pool device takes `STRATA_CPU_*` settings from the environment,
+//! e.g. `STRATA_CPU_STREAM_SPIN_US`, `STRATA_CPU_HOST_POLL_US`,
+//! `STRATA_CPU_SHRINKING_TASKS`):
 //!
-//! STRATA_POOL_BENCH_FILE=/tmp/pool-q4k.gguf STRATA_POOL_BENCH_THREADS=2 \
+//! STRATA_KERNEL_TIMING=1 STRATA_POOL_BENCH_FILE=/tmp/pool-q4k.gguf STRATA_POOL_BENCH_THREADS=2 \
 //!   cargo run --release -p strata-engine --example pool_timing
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,6 +27,19 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The CPU pool device's options as `strata` sets them (`--cpu-threads`, the stream's
+/// idle polling), with `STRATA_CPU_*` from the environment.
+fn pool_options(threads: usize) -> CpuOptions {
+    let env = CpuOptions::from_env();
+    CpuOptions {
+        threads: Some(threads),
+        stream_spin_us: env
+            .stream_spin_us
+            .or(Some(strata_backend_cpu::POOL_STREAM_SPIN_US)),
+        ..env
+    }
 }
 
 fn main() {
@@ -50,11 +66,7 @@ fn pool_decode_layer_time() {
         experts_on_device: false,
     };
     let model = Model::load_with(&main, main.main_stream(), gguf.clone(), opts, |_, _| {}).unwrap();
-    let pool_dev = strata_backend_cpu::device(CpuOptions {
-        threads: Some(threads),
-        ..CpuOptions::from_env()
-    })
-    .unwrap();
+    let pool_dev = strata_backend_cpu::device(pool_options(threads)).unwrap();
     let mut pool = CpuPool::new(pool_dev, &model, gguf).unwrap();
     let used = model.hp.moe.as_ref().map_or(0, |m| m.n_expert_used);
     let moe: Vec<(usize, u32, u32)> = model
@@ -183,11 +195,7 @@ fn print_profile(
 /// download on a CPU device, the host waiting (median of many).
 fn cpu_device_round_trip_time() {
     let threads = env_usize("STRATA_POOL_BENCH_THREADS", 2);
-    let dev = strata_backend_cpu::device(CpuOptions {
-        threads: Some(threads),
-        ..CpuOptions::from_env()
-    })
-    .unwrap();
+    let dev = strata_backend_cpu::device(pool_options(threads)).unwrap();
     let stream = dev.create_stream().unwrap();
     let buf = dev.alloc::<f32>(2048).unwrap();
     let mut host = dev.alloc_pinned::<f32>(2048).unwrap();

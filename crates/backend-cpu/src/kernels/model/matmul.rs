@@ -259,6 +259,9 @@ pub(super) fn row_tasks(
 ) -> Vec<(usize, usize, usize)> {
     let total: usize = products.iter().map(|p| passes * m * k * p.cols.len()).sum();
     let per_task = par::task_work(pool, total);
+    if per_task != usize::MAX && shrinking_tasks() && products.iter().all(|p| p.cols.len() == 1) {
+        return shrinking_row_tasks(par::threads(pool), m, passes * k, products.len());
+    }
     let mut tasks = Vec::new();
     for (i, p) in products.iter().enumerate() {
         let row_work = (passes * k * p.cols.len()).max(1);
@@ -267,6 +270,46 @@ pub(super) fn row_tasks(
             rows = rows.next_multiple_of(ROW_BLOCK);
         }
         tasks.extend((0..m).step_by(rows).map(|r0| (i, r0, (r0 + rows).min(m))));
+    }
+    tasks
+}
+
+/// Whether one-row launches split into shrinking tasks (`STRATA_CPU_SHRINKING_TASKS=0`:
+/// equal ones, as batches, for A/B timing).
+fn shrinking_tasks() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("STRATA_CPU_SHRINKING_TASKS").map_or(true, |v| v != "0"))
+}
+
+/// Tasks over `products` one-row products of `m` rows (decode: a matrix-vector product,
+/// or one token's experts) that shrink toward the end of the launch, as guided scheduling
+/// does: each takes 1/(2 x threads) of the rows left (a multiple of 8, for the 8-row
+/// kernels), none below [`par::MIN_TASK_WORK`]. Threads claim tasks in order, so the big
+/// ones go first and the last ones are small: a thread that starts late or runs slower (a
+/// memory stall, a preemption) holds up the launch's end by a short task, not by a whole
+/// share of equal tasks (4 a thread, a quarter of its work). `row_work`: units a row.
+fn shrinking_row_tasks(
+    threads: usize,
+    m: usize,
+    row_work: usize,
+    products: usize,
+) -> Vec<(usize, usize, usize)> {
+    let min_rows = par::MIN_TASK_WORK
+        .div_ceil(row_work.max(1))
+        .next_multiple_of(ROWS8);
+    let mut left = m * products;
+    let mut tasks = Vec::new();
+    for i in 0..products {
+        let mut r0 = 0;
+        while r0 < m {
+            let rows = (left / (2 * threads.max(1)))
+                .next_multiple_of(ROWS8)
+                .max(min_rows);
+            let r1 = (r0 + rows).min(m);
+            tasks.push((i, r0, r1));
+            left -= r1 - r0;
+            r0 = r1;
+        }
     }
     tasks
 }
@@ -432,6 +475,50 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    /// Shrinking tasks cover every row of every product once, in order, in multiples
+    /// of 8 rows but at a product's end, never growing within the launch, none below the
+    /// minimum work; the last ones small.
+    #[test]
+    fn shrinking_row_tasks_cover_each_row_once() {
+        for (threads, m, row_work, products) in [
+            (16, 768, 4096, 8),
+            (16, 2048, 768, 8),
+            (2, 768, 4096, 8),
+            (3, 100, 256, 3),
+            (7, 4096, 4096, 1),
+            (4, 5, 10_000, 2),
+        ] {
+            let tasks = shrinking_row_tasks(threads, m, row_work, products);
+            let mut next = (0, 0);
+            let mut prev = usize::MAX;
+            for &(i, r0, r1) in &tasks {
+                if next.1 == m {
+                    next = (next.0 + 1, 0);
+                }
+                assert_eq!(
+                    (i, r0),
+                    next,
+                    "{threads} {m} {row_work} {products}: {tasks:?}"
+                );
+                assert!(r1 > r0 && r1 <= m);
+                let rows = r1 - r0;
+                if r1 < m {
+                    assert_eq!(rows % ROWS8, 0);
+                    assert!(rows * row_work >= par::MIN_TASK_WORK);
+                    assert!(rows <= prev, "tasks grew: {tasks:?}");
+                    prev = rows;
+                }
+                next = (i, r1);
+            }
+            assert_eq!(next, (products - 1, m));
+            let min_rows = par::MIN_TASK_WORK
+                .div_ceil(row_work)
+                .next_multiple_of(ROWS8);
+            let last = tasks.last().unwrap();
+            assert!(last.2 - last.1 <= min_rows.max(ROWS8));
+        }
+    }
 
     /// Timing, not a check: `cargo test --release -p strata-backend-cpu q4_k_rows8_speed
     /// -- --ignored --nocapture`. The best of many short runs from cache (a preempted

@@ -19,7 +19,7 @@ pub use super::pool::KernelPool;
 /// multiply-adds), so only tiny ops stay on the stream thread.
 const MIN_PARALLEL_WORK: usize = 32 * 1024;
 /// Work units below which a task is not split further.
-const MIN_TASK_WORK: usize = 16 * 1024;
+pub(super) const MIN_TASK_WORK: usize = 16 * 1024;
 /// Tasks per thread, so that uneven tasks (experts, causal spans) still balance.
 const TASKS_PER_THREAD: usize = 4;
 
