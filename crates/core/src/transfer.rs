@@ -147,10 +147,11 @@ impl Device {
         let mut st = self.inner.lock();
         self.inner.refuse_during_capture(&st, "upload", site)?;
         self.inner.collect(&mut st);
-        // Each piece's source: (registered region, offset in it), or its place in staging.
-        let mut direct = Vec::new();
+        // Each piece's copy: (destination byte, source, byte in the source, bytes), the
+        // source a registered region, or staging (filled below).
+        let mut copies = Vec::with_capacity(pieces.len());
         let mut staged = Vec::new();
-        let mut staged_bytes = 0;
+        let (mut direct_bytes, mut staged_bytes) = (0, 0);
         for (offset, data) in pieces {
             let bytes: &[u8] = bytemuck::cast_slice(data);
             let found = st
@@ -158,60 +159,53 @@ impl Device {
                 .iter()
                 .enumerate()
                 .find_map(|(r, reg)| reg.offset_of(bytes).map(|at| (r, at)));
-            match found {
-                Some((r, at)) => direct.push((offset * size, r, at, bytes.len())),
-                None => {
-                    staged.push((offset * size, staged_bytes, bytes));
-                    staged_bytes += bytes.len();
+            let (source, at) = match found {
+                Some((r, at)) => {
+                    direct_bytes += bytes.len();
+                    (Some(r), at)
                 }
-            }
+                None => {
+                    staged.push((staged_bytes, bytes));
+                    staged_bytes += bytes.len();
+                    (None, staged_bytes - bytes.len())
+                }
+            };
+            copies.push((offset * size, source, at, bytes.len()));
         }
         let slot = if staged.is_empty() {
             None
         } else {
             let slot = self.inner.staging_slot(&mut st, staged_bytes)?;
-            let parts: Vec<(usize, &[u8])> = staged.iter().map(|&(_, at, b)| (at, b)).collect();
             // SAFETY: the slot is idle (its last copy's event completed) and large enough.
-            unsafe { host_copy_parts(st.staging[slot].pinned.ptr, &parts) };
+            unsafe { host_copy_parts(st.staging[slot].pinned.ptr, &staged) };
             Some(slot)
         };
         let accesses = [(dst.state().clone(), Access::Write)];
         self.inner.order(&mut st, stream.index, &accesses)?;
         let raw_stream = st.streams[stream.index as usize].raw;
-        let raw_dst = dst.state().raw;
-        for &(dst_at, r, at, len) in &direct {
+        for &(dst_at, source, at, len) in &copies {
+            let src = match (source, slot) {
+                (Some(r), _) => &st.registered[r].pinned,
+                (None, Some(slot)) => &st.staging[slot].pinned,
+                (None, None) => unreachable!("a staged piece has a staging slot"),
+            };
             // SAFETY: registered memory is immutable and outlives every copy (it is
-            // unregistered only after the device is synchronised, when dropped).
+            // unregistered only once the device is synchronised, when dropped); staging
+            // stays untouched until the event recorded below completes.
             unsafe {
                 self.inner.backend.copy_h2d(
                     raw_stream,
-                    raw_dst,
+                    dst.state().raw,
                     dst_at,
-                    &st.registered[r].pinned,
+                    src,
                     at,
                     len,
                     site,
                 )?
             };
         }
-        if let Some(slot) = slot {
-            for &(dst_at, at, bytes) in &staged {
-                // SAFETY: staging stays untouched until the event recorded below completes.
-                unsafe {
-                    self.inner.backend.copy_h2d(
-                        raw_stream,
-                        raw_dst,
-                        dst_at,
-                        &st.staging[slot].pinned,
-                        at,
-                        bytes.len(),
-                        site,
-                    )?
-                };
-            }
-        }
         self.inner.complete(&mut st, stream.index, &accesses);
-        st.uploads.direct += direct.iter().map(|d| d.3 as u64).sum::<u64>();
+        st.uploads.direct += direct_bytes as u64;
         st.uploads.staged += staged_bytes as u64;
         if let Some(slot) = slot {
             let ev = self.inner.backend.record_event(raw_stream)?;
