@@ -15,7 +15,8 @@
 #
 # Env: MODEL_DIR (default /tmp/strata-bench), OUT (default $MODEL_DIR/out-offload), REPS
 # (default 3), THREADS (CPU threads for both engines, default: physical cores), SKEW,
-# CONFIGS (the "slots n-cpu-moe" pairs to run, default "1536:34 3072:22 0:48").
+# CONFIGS (the "slots n-cpu-moe" pairs to run, default "1536:34 3072:22 0:48"), STRATA_ARGS
+# (more strata flags, e.g. "--stream-experts auto" or "--pin-file off").
 # Each run's peak device memory (nvidia-smi's memory.used polled every 100 ms, less what was
 # in use before the run) is reported for both engines: the issue matches them within 5%.
 set -euo pipefail
@@ -66,7 +67,7 @@ for cfg in $CONFIGS; do
   echo "== strata --expert-cache $slots" >&2
   peak_vram "$OUT/vram-strata-$slots.txt" \
     "$STRATA" bench -m "$f" --backend cuda --expert-cache "$slots" --profile "$OUT/profile.json" \
-    --cpu-threads "$THREADS" -p 512 -n 64 -r "$REPS" --json \
+    --cpu-threads "$THREADS" -p 512 -n 64 -r "$REPS" ${STRATA_ARGS:-} --json \
     > "$OUT/strata-$slots.json" 2> "$OUT/strata-$slots.log"
   grep "expert cache hit rate" "$OUT/strata-$slots.log" | tail -1 >&2 || true
   echo "== llama.cpp --n-cpu-moe $ncpu" >&2
