@@ -277,6 +277,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let roofline = bandwidth.map(|bw| tg * weight_bytes / bw);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Which way uploads went (expert fills, staged layers, streamed experts): straight from
+    // the registered (page-locked) file, or through a host copy.
+    let uploads = loaded.dev.upload_counts();
     if args.json {
         let obj = with_run_fields(
             args_json(&args, &loaded),
@@ -290,6 +293,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "weight_bytes_per_token": weight_bytes,
                 "device_copy_bytes_per_s": bandwidth,
                 "decode_roofline_fraction": roofline,
+                "upload_bytes_direct": uploads.direct,
+                "upload_bytes_staged": uploads.staged,
             }),
         );
         println!("{obj}");
@@ -307,6 +312,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("K/V: {} positions, {}", loaded.n_ctx, loaded.kv);
         println!("pp{}: {pp:.1} tokens/s", args.n_prompt);
         println!("tg{}: {tg:.1} tokens/s", args.n_gen);
+        println!(
+            "uploads: {:.2} GB straight from the registered model file, {:.2} GB through staging",
+            uploads.direct as f64 / 1e9,
+            uploads.staged as f64 / 1e9
+        );
         println!(
             "weights read per decode token: {:.3} GB",
             weight_bytes / 1e9
