@@ -520,6 +520,85 @@ mod tests {
         }
     }
 
+    /// One-row products split into shrinking tasks give the bits of one task a product,
+    /// and those are each row's `vec_dot` (the 8-row, 4-row and one-row kernels that a
+    /// split's pieces end in all equal it), rows not a multiple of 8 included.
+    #[test]
+    fn shrinking_tasks_give_the_bits_of_one_task_a_product() {
+        let ty = strata_quant::QuantType::Q4_K;
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for (m, k, products) in [(100usize, 768usize, 3usize), (264, 512, 2), (2048, 768, 2)] {
+            let f = format("test", ty.id(), k).unwrap();
+            let rb = f.row_bytes;
+            let mut w: Vec<u8> = (0..products * m * rb).map(|_| next() as u8).collect();
+            for block in w.chunks_exact_mut(144) {
+                // Finite f16 d and dmin (about 0.01).
+                block[..4].copy_from_slice(&[0x1f, 0x20, 0x1f, 0x20]);
+            }
+            let x: Vec<f32> = (0..products * k)
+                .map(|_| (next() % 2001) as f32 / 500.0 - 2.0)
+                .collect();
+            let ab = f.act_row_bytes;
+            let mut acts = vec![0u8; products * ab];
+            for (xr, q) in x.chunks_exact(k).zip(acts.chunks_exact_mut(ab)) {
+                strata_quant::quantize_activation_into(f.kernels.act, xr, q).unwrap();
+            }
+            let cols: Vec<[(usize, usize); 1]> = (0..products).map(|p| [(p, p)]).collect();
+            let prods: Vec<Product<'_>> = (0..products)
+                .map(|p| Product {
+                    w: &w[p * m * rb..(p + 1) * m * rb],
+                    cols: &cols[p],
+                })
+                .collect();
+            let run = |tasks: &[(usize, usize, usize)]| {
+                let mut y = vec![f32::NAN; products * m];
+                let g = Gemm {
+                    f,
+                    k,
+                    m,
+                    acts: &acts,
+                    y: DisjointOut::new(&mut y),
+                    tiles: tiles(ty),
+                };
+                for &(i, r0, r1) in tasks {
+                    g.rows(&prods[i], r0, r1);
+                }
+                y
+            };
+            let whole: Vec<_> = (0..products).map(|i| (i, 0, m)).collect();
+            let want = run(&whole);
+            for (i, v) in want.iter().enumerate() {
+                let (p, r) = (i / m, i % m);
+                let dot = (f.kernels.vec_dot)(
+                    k,
+                    &prods[p].w[r * rb..(r + 1) * rb],
+                    &acts[p * ab..][..ab],
+                );
+                assert_eq!(
+                    v.to_bits(),
+                    dot.to_bits(),
+                    "m={m} k={k} product {p} row {r}"
+                );
+            }
+            for threads in [2, 3, 16] {
+                let got = run(&shrinking_row_tasks(threads, m, k, products));
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "m={m} k={k} threads {threads} output {i}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Timing, not a check: `cargo test --release -p strata-backend-cpu q4_k_rows8_speed
     /// -- --ignored --nocapture`. The best of many short runs from cache (a preempted
     /// run only ever looks slower).
