@@ -3,7 +3,9 @@
 //! pool device set up as `strata` sets it (its stream polls for work between layers), the
 //! median wall time of a layer's `start` + `wait`; then that device's upload-and-download
 //! round trip. With `STRATA_KERNEL_TIMING=1`, also where a layer's time went (each
-//! kernel, the rest, how busy the kernel threads were). For A/B runs of the pool's
+//! kernel, the rest, how busy the kernel threads were); with `STRATA_POOL_BENCH_HOT=1`
+//! each timed call's experts were read by an untimed call just before (from cache as far
+//! as it holds a layer's 8 experts: the cost of memory is the difference). For A/B runs of the pool's
 //! per-layer path (the pool device takes `STRATA_CPU_*` settings from the environment,
 //! e.g. `STRATA_CPU_STREAM_SPIN_US`, `STRATA_CPU_HOST_POLL_US`,
 //! `STRATA_CPU_SHRINKING_TASKS`):
@@ -56,6 +58,7 @@ fn pool_decode_layer_time() {
     }
     let threads = env_usize("STRATA_POOL_BENCH_THREADS", 2);
     let tokens = env_usize("STRATA_POOL_BENCH_TOKENS", 64);
+    let hot = env_usize("STRATA_POOL_BENCH_HOT", 0) != 0;
     let gguf = Arc::new(GgufFile::open(&path).unwrap());
     let main = strata_backend_cpu::device(CpuOptions {
         threads: Some(1),
@@ -107,6 +110,11 @@ fn pool_decode_layer_time() {
             }
             // A decode step: every pair belongs to the one token.
             let tok = vec![0usize; ids.len()];
+            if hot {
+                // The same experts once before: the timed call reads them from cache.
+                pool.start(il, &x, &tok, &ids).unwrap().wait().unwrap();
+                pool.device().kernel_times().unwrap();
+            }
             let t0 = Instant::now();
             let pending = pool.start(il, &x, &tok, &ids).unwrap();
             let queued = t0.elapsed().as_secs_f64();
@@ -135,7 +143,12 @@ fn pool_decode_layer_time() {
     let med = times[times.len() / 2];
     let sum: f64 = times.iter().sum();
     println!(
-        "pool_timing {path} threads {threads}: median {:.1} us a layer (queueing {:.1} us), mean {:.1} us, p10 {:.1} us ({} calls)",
+        "pool_timing {path} threads {threads}{}: median {:.1} us a layer (queueing {:.1} us), mean {:.1} us, p10 {:.1} us ({} calls)",
+        if hot {
+            " (hot: each call's experts read just before)"
+        } else {
+            ""
+        },
         med * 1e6,
         queue_times[queue_times.len() / 2] * 1e6,
         sum / times.len() as f64 * 1e6,
