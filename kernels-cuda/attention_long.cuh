@@ -100,15 +100,16 @@ __device__ __forceinline__ void att_long_group(AttSmem& sm, AttLongSmem& ls, con
     const uint32_t groups = att_long_groups(span);
     // The block's rows: its piece of the group, or (no clusters) the group's pieces.
     const uint64_t per_block = piece * (ATT_LONG_GROUP / ATT_CLUSTER);
-    const uint64_t first = min(span, (uint64_t)g * ATT_LONG_GROUP * piece + rank * per_block);
-    const uint64_t last = min(span, first + per_block);
-    const uint64_t round_rows = (uint64_t)ATT_LONG_ROUND_CHUNKS * ATT_CHUNK;
+    // (Rows fit 32 bits: a span is at most n_ctx.)
+    const uint32_t first = (uint32_t)min(span, (uint64_t)g * ATT_LONG_GROUP * piece + rank * per_block);
+    const uint32_t last = (uint32_t)min(span, (uint64_t)first + per_block);
+    const uint32_t round_rows = ATT_LONG_ROUND_CHUNKS * ATT_CHUNK;
     // Step s of the block's walk into L2: each round's K chunks, then its V chunks.
-    auto prefetch_step = [&](uint64_t s) {
-        const uint64_t rnd = s / (2 * ATT_LONG_ROUND_CHUNKS), i = s % (2 * ATT_LONG_ROUND_CHUNKS);
-        const uint64_t r0 = first + rnd * round_rows;
+    auto prefetch_step = [&](uint32_t s) {
+        const uint32_t rnd = s / (2 * ATT_LONG_ROUND_CHUNKS), i = s % (2 * ATT_LONG_ROUND_CHUNKS);
+        const uint64_t r0 = first + (uint64_t)rnd * round_rows;
         if (r0 >= last) return;
-        const uint64_t nc = (min(round_rows, last - r0) + ATT_CHUNK - 1) / ATT_CHUNK;
+        const uint32_t nc = (min(round_rows, last - (uint32_t)r0) + ATT_CHUNK - 1) / ATT_CHUNK;
         const bool is_v = i >= nc;
         const uint64_t row = r0 + (is_v ? i - nc : i) * ATT_CHUNK + tid;
         if (i >= 2 * nc || tid >= ATT_CHUNK || row >= last) return;
@@ -128,8 +129,8 @@ __device__ __forceinline__ void att_long_group(AttSmem& sm, AttLongSmem& ls, con
     float acc[ATT_HEADS][2];
 #pragma unroll
     for (uint32_t h = 0; h < ATT_HEADS; h++) acc[h][0] = acc[h][1] = 0.0f;
-    uint64_t s0 = 0;  // the round's first step
-    for (uint64_t r0 = first; r0 < last; r0 += round_rows, s0 += 2 * ATT_LONG_ROUND_CHUNKS) {
+    uint32_t s0 = 0;  // the round's first step
+    for (uint32_t r0 = first; r0 < last; r0 += min(round_rows, last - r0), s0 += 2 * ATT_LONG_ROUND_CHUNKS) {
         const uint32_t n = (uint32_t)min(round_rows, last - r0);
         const uint32_t nc = (n + ATT_CHUNK - 1) / ATT_CHUNK;
         // Scores of the round's rows ([chunk][head][row]).
@@ -178,7 +179,7 @@ __device__ __forceinline__ void att_long_group(AttSmem& sm, AttLongSmem& ls, con
             prefetch_step(s0 + nc + c + ATT_LONG_PREFETCH);
             if (subset >= subsets) continue;
             const float* s = sm.stored + c * ATT_HEADS * ATT_CHUNK;
-            const uint64_t row0 = r0 + c * ATT_CHUNK;
+            const uint32_t row0 = r0 + c * ATT_CHUNK;
             const uint32_t rows = min((uint32_t)ATT_CHUNK, n - c * ATT_CHUNK);
             for (uint32_t rr = subset; rr < rows; rr += ATT_PV_ROWS * subsets) {
                 float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
