@@ -14,10 +14,13 @@
 #define MMQ_LIST 128
 #define MMQ_WINDOW 64
 // attention_long.cuh's long path from 100 rows, in pieces of 4+ rows and rounds of two
-// chunks, so that test_attention_long reaches its groups, pieces and rounds at small spans.
+// chunks, so that test_attention_long reaches its groups, pieces and rounds at small spans
+// (build with -DATT_LONG_REAL for the kernels' own thresholds: slower).
+#ifndef ATT_LONG_REAL
 #define ATT_LONG_MIN_SPAN 100
 #define ATT_LONG_MIN_PIECE 4
 #define ATT_LONG_ROUND_CHUNKS 2
+#endif
 #include "model.cu"
 #include "fused.cu"
 #include "experts.cu"

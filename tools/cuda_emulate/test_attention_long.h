@@ -1,5 +1,6 @@
 // attention_long / attention_long_q8 (attention_long.cuh) with the thresholds lowered
-// (main.cpp: ATT_LONG_MIN_SPAN 100, ATT_LONG_MIN_PIECE 4, ATT_LONG_ROUND_CHUNKS 2), so
+// (main.cpp: ATT_LONG_MIN_SPAN 100, ATT_LONG_MIN_PIECE 4, ATT_LONG_ROUND_CHUNKS 2; or the
+// kernels' own with -DATT_LONG_REAL, where only the last two cases have long rows), so
 // that spans of a few hundred rows take several groups, pieces and rounds: against the
 // f64 softmax of the cache's values; a window whose rows straddle the threshold row for
 // row bit for bit equal to each row launched alone and to another grid; its short rows
@@ -41,11 +42,14 @@ static void test_attention_long() {
         {false, 12, 1, 32, 128, {50, 99, 100, 600}}, {true, 12, 1, 64, 128, {50, 99, 100, 600}},
         // head_dim 96 (P·V subsets leave threads out at 256), a position outside the cache
         {false, 4, 4, 96, 256, {130, 64, 5000, 1023}},
+        // at the threshold and 20 times past it (with -DATT_LONG_REAL: 1024 rows, 20480)
+        {false, 8, 2, 64, 256, {ATT_LONG_MIN_SPAN - 1, ATT_LONG_MIN_SPAN, 20 * ATT_LONG_MIN_SPAN - 1}},
+        {true, 8, 2, 64, 256, {ATT_LONG_MIN_SPAN - 1, ATT_LONG_MIN_SPAN, 20 * ATT_LONG_MIN_SPAN - 1}},
     };
     for (auto& c : cases) {
         int nt = (int)c.pos.size(), kvd = c.nkv * c.hd, g = c.nh / c.nkv;
         int ctx = 1;
-        for (int p : c.pos) if (p < 4000) ctx = std::max(ctx, p + 1);
+        for (int p : c.pos) if (p != 5000) ctx = std::max(ctx, p + 1);
         std::vector<float> q(nt * c.nh * c.hd), k((size_t)ctx * kvd), v((size_t)ctx * kvd);
         for (auto& x : q) x = urand(2);
         for (auto& x : k) x = urand(2);
