@@ -611,7 +611,7 @@ mod tests {
         };
         let Some(avx2) = t.rows8 else { return };
         // 768 and 2048: a Qwen3-30B-A3B expert's down and gate/up rows.
-        for k in [768, 1024, 2048] {
+        for k in [768, 1024, 2048, 4096] {
             let rows: Vec<Vec<u8>> = (0..ROWS8)
                 .map(|r| {
                     let mut v: Vec<u8> = (0..k / 256 * 144).map(|i| (i * 7 + r) as u8).collect();

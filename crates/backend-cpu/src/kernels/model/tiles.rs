@@ -139,6 +139,8 @@ mod tests {
             (512, 0.001, 0.5),
             (1536, 0.5, 0.001),
             (2816, 0.02, 0.02),
+            // Q4_K's 8-row kernel: a full pass of 16 blocks and a partial one.
+            (4608, 0.01, 0.03),
         ];
         for (ty, t) in formats.into_iter().flat_map(|ty| {
             avx2::variants(ty)
