@@ -24,7 +24,9 @@
 // every head kept in registers and added over the S row subsets at the end, so each thread
 // has several independent loads in flight instead of a chain. Results match the CPU's to
 // the dot products' summation order (model_ops' attention test). Without clusters (older
-// GPUs, the host emulator) one block takes every chunk.
+// GPUs, the host emulator) one block takes every chunk. attention_long.cuh's kernels (the
+// backend's variants for long contexts) take long spans over more blocks and the others
+// through att_unit_split below, this path.
 #pragma once
 
 #include "common.cuh"
