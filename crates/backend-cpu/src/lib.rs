@@ -6,6 +6,7 @@ pub mod kernels;
 mod memory;
 mod profile;
 mod sanitizer;
+mod shared;
 mod worker;
 
 pub use backend::CpuBackend;
