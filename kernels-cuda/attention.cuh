@@ -262,6 +262,53 @@ __device__ __forceinline__ void att_scores(const Kv& kv, const float* qs, uint64
 // The shared arrays of attention.cuh's kernels, one set per block whichever path a unit
 // takes (attention_long.cuh's path reuses them: a block has 48 KiB of static shared
 // memory).
+// P·V over one chunk of `rows` rows from row0 (probabilities s[head * ATT_CHUNK + row];
+// row0's type is the caller's: 32 bits where spans fit, fewer registers):
+// thread (subset, pair) adds dimensions 2·pair, 2·pair + 1 of rows subset, subset +
+// subsets, ... into acc, ATT_PV_ROWS rows' loads in flight, then summed in row order.
+template <class Kv, class Row>
+__device__ __forceinline__ void att_pv_chunk(const Kv& kv, const float* s, Row row0,
+                                             uint32_t rows, uint32_t subset, uint32_t subsets,
+                                             uint32_t pair, uint32_t nh,
+                                             float (&acc)[ATT_HEADS][2]) {
+    for (uint32_t r0 = subset; r0 < rows; r0 += ATT_PV_ROWS * subsets) {
+        float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
+#pragma unroll
+        for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+            const uint32_t r = r0 + i * subsets;
+            if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
+            const uint32_t r = r0 + i * subsets;
+            if (r >= rows) break;
+#pragma unroll
+            for (uint32_t h = 0; h < ATT_HEADS; h++) {
+                if (h < nh) {
+                    const float pr = s[h * ATT_CHUNK + r];
+                    acc[h][0] = fmaf(pr, va[i], acc[h][0]);
+                    acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
+                }
+            }
+        }
+    }
+}
+
+// Each thread's row-subset sums into `subset_acc` ([subset][head][dim]), then a block
+// barrier: the caller adds the subsets in order.
+__device__ __forceinline__ void att_store_subset(float* subset_acc, const float (&acc)[ATT_HEADS][2],
+                                                 uint32_t subset, uint32_t subsets, uint32_t pair,
+                                                 uint32_t nh, uint32_t head_dim) {
+    if (subset < subsets)
+#pragma unroll
+        for (uint32_t h = 0; h < ATT_HEADS; h++)
+            if (h < nh) {
+                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
+                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
+            }
+    __syncthreads();
+}
+
 struct AttSmem {
     float qs[ATT_HEADS * ATT_Q_STRIDE];
     // Scores, then exponentials, then probabilities of the block's first chunks
@@ -437,42 +484,12 @@ __device__ __forceinline__ void att_unit_split(AttSmem& sm, const float* q, cons
             s[i] = Kv::probability(__fmul_rn(e, inv_sum[h]));
         }
         __syncthreads();
-        if (subset < subsets) {
-            // ATT_PV_ROWS of this thread's rows loaded together, then summed in order.
-            for (uint32_t r0 = subset; r0 < rows; r0 += ATT_PV_ROWS * subsets) {
-                float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
-#pragma unroll
-                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                    const uint32_t r = r0 + i * subsets;
-                    if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
-                }
-#pragma unroll
-                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                    const uint32_t r = r0 + i * subsets;
-                    if (r >= rows) break;
-#pragma unroll
-                    for (uint32_t h = 0; h < ATT_HEADS; h++) {
-                        if (h < nh) {
-                            const float pr = s[h * ATT_CHUNK + r];
-                            acc[h][0] = fmaf(pr, va[i], acc[h][0]);
-                            acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
-                        }
-                    }
-                }
-            }
-        }
+        if (subset < subsets) att_pv_chunk(kv, s, row0, rows, subset, subsets, pair, nh, acc);
         __syncthreads();  // scratch is rewritten by the next chunk
     }
     // The block's partial output: the row subsets' sums added in subset order, into
     // subset 0's place (each element read and written by one thread).
-    if (subset < subsets)
-#pragma unroll
-        for (uint32_t h = 0; h < ATT_HEADS; h++)
-            if (h < nh) {
-                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
-                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
-            }
-    __syncthreads();
+    att_store_subset(subset_acc, acc, subset, subsets, pair, nh, head_dim);
     for (uint32_t i = tid; i < nh * head_dim; i += T) {
         float v = 0.0f;
         for (uint32_t sb = 0; sb < subsets; sb++)

@@ -181,41 +181,14 @@ __device__ __forceinline__ void att_long_group(AttSmem& sm, AttLongSmem& ls, con
             const float* s = sm.stored + c * ATT_HEADS * ATT_CHUNK;
             const uint32_t row0 = r0 + c * ATT_CHUNK;
             const uint32_t rows = min((uint32_t)ATT_CHUNK, n - c * ATT_CHUNK);
-            for (uint32_t rr = subset; rr < rows; rr += ATT_PV_ROWS * subsets) {
-                float va[ATT_PV_ROWS], vb[ATT_PV_ROWS];
-#pragma unroll
-                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                    const uint32_t r = rr + i * subsets;
-                    if (r < rows) kv.v_pair(row0 + r, pair, va[i], vb[i]);
-                }
-#pragma unroll
-                for (uint32_t i = 0; i < ATT_PV_ROWS; i++) {
-                    const uint32_t r = rr + i * subsets;
-                    if (r >= rows) break;
-#pragma unroll
-                    for (uint32_t h = 0; h < ATT_HEADS; h++) {
-                        if (h < nh) {
-                            const float pr = s[h * ATT_CHUNK + r];
-                            acc[h][0] = fmaf(pr, va[i], acc[h][0]);
-                            acc[h][1] = fmaf(pr, vb[i], acc[h][1]);
-                        }
-                    }
-                }
-            }
+            att_pv_chunk(kv, s, row0, rows, subset, subsets, pair, nh, acc);
         }
         __syncthreads();  // the next round rewrites the scores
     }
     // The block's unnormalised output: the row subsets' sums in subset order, into subset
     // 0's place (as att_unit_split).
     float* const subset_acc = sm.stored;
-    if (subset < subsets)
-#pragma unroll
-        for (uint32_t h = 0; h < ATT_HEADS; h++)
-            if (h < nh) {
-                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair] = acc[h][0];
-                subset_acc[(subset * ATT_HEADS + h) * head_dim + 2 * pair + 1] = acc[h][1];
-            }
-    __syncthreads();
+    att_store_subset(subset_acc, acc, subset, subsets, pair, nh, head_dim);
     for (uint32_t i = tid; i < nh * head_dim; i += T) {
         float v = 0.0f;
         for (uint32_t sb = 0; sb < subsets; sb++) v = __fadd_rn(v, subset_acc[sb * ATT_HEADS * head_dim + i]);
