@@ -368,7 +368,7 @@ impl ExpertCache {
         let ids = dev.download_range(io.expert_ids, 0, pairs, self.xfer)?;
         // A short batch with experts outside the cache will almost surely need its
         // activations on the host: ask for them now, saving a round trip per layer.
-        let lends = self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize;
+        let lends = self.lends(n);
         let mut xn_early = None;
         if !lends && self.table.resident_count() < self.layout.n_routed() {
             xn_early = Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?);
@@ -571,13 +571,17 @@ impl ExpertCache {
     /// The timeline a batch of `n` tokens counts in: decode, or short batches (those
     /// that do not lend their layers).
     fn timeline(&mut self, n: usize) -> Option<&mut super::stats::DecodeTimeline> {
-        let lends = self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize;
         match n {
             0 => None,
             1 => Some(&mut self.stats.decode),
-            _ if lends => None,
+            _ if self.lends(n) => None,
             _ => Some(&mut self.stats.window),
         }
+    }
+
+    /// Whether a batch of `n` tokens lends its layers (stages every routed expert).
+    fn lends(&self, n: usize) -> bool {
+        self.opts.lend_min_tokens > 0 && n > self.opts.lend_min_tokens as usize
     }
 }
 

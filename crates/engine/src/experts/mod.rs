@@ -86,7 +86,8 @@ impl ExpertCache {
             None => None,
         };
         let pool = CpuPool::new(pool_dev, model, model.gguf.clone())?;
-        pin_file(dev, &model.gguf, opts.pin_file);
+        let host_memory = pool.device().info().total_memory as u64;
+        pin_file(dev, &model.gguf, opts.pin_file, host_memory);
         let mut cache = ExpertCache::new(dev, layout, model.gguf.clone(), pool, opts)?;
         if let Some(c) = counts {
             cache.fill_from_counts(&c)?;

@@ -43,39 +43,23 @@ impl HostMemory for FileBytes {
     }
 }
 
-/// The machine's memory in bytes (Linux: `MemTotal` of /proc/meminfo).
-fn physical_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
-}
-
-/// Page-locks `gguf`'s mapping for `dev` as `mode` says; whether it is now. Never fails:
-/// a refusal (no support, no memory) is logged, and uploads stage as before.
-pub fn pin_file(dev: &Device, gguf: &Arc<GgufFile>, mode: PinFile) -> bool {
+/// Page-locks `gguf`'s mapping for `dev` as `mode` says, on a machine of `host_memory`
+/// bytes (the CPU pool's device reports it); whether it is now. Never fails: a refusal (no
+/// support, no memory) is logged, and uploads stage as before.
+pub fn pin_file(dev: &Device, gguf: &Arc<GgufFile>, mode: PinFile, host_memory: u64) -> bool {
     let size = gguf.bytes().len() as u64;
     let gib = size as f64 / (1u64 << 30) as f64;
     match mode {
         PinFile::Off => return false,
         PinFile::On => {}
-        PinFile::Auto => match physical_memory() {
-            Some(total) if size <= total / 4 * 3 => {}
-            Some(total) => {
-                tracing::info!(
-                    "expert cache: the model file ({gib:.1} GiB) is more than 3/4 of memory ({:.1} GiB): not page-locked; uploads from it are staged (--pin-file on to lock it anyway)",
-                    total as f64 / (1u64 << 30) as f64
-                );
-                return false;
-            }
-            None => return false,
-        },
+        PinFile::Auto if size <= host_memory / 4 * 3 => {}
+        PinFile::Auto => {
+            tracing::info!(
+                "expert cache: the model file ({gib:.1} GiB) is more than 3/4 of memory ({:.1} GiB): not page-locked; uploads from it are staged (--pin-file on to lock it anyway)",
+                host_memory as f64 / (1u64 << 30) as f64
+            );
+            return false;
+        }
     }
     let t0 = Instant::now();
     match dev.register_host(Arc::new(FileBytes(gguf.clone()))) {

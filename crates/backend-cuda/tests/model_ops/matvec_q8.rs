@@ -8,15 +8,12 @@
 //! and from a captured graph, each give what they give alone. Skips with one line when
 //! there is no CUDA device.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-use std::sync::Mutex;
-
 use strata_backend_cuda::{CudaOptions, LaunchOptions};
 use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg, Stream};
 use strata_quant::QuantType;
 
-static GPU: Mutex<()> = Mutex::new(());
+use super::matmul::random_weights;
+use super::{GPU, Rng};
 
 /// Device 0 with `skip` left out (every fused kernel in use), or `None` without a GPU.
 fn gpu(test: &str, skip: &str) -> Option<Device> {
@@ -37,54 +34,48 @@ fn gpu(test: &str, skip: &str) -> Option<Device> {
     }
 }
 
-/// The formats mul_mat_vec quantises an activation for (kernels-cuda/quant.cuh).
-const FORMATS: [QuantType; 18] = {
+/// The formats mul_mat_vec quantises an activation for (kernels-cuda/quant.cuh): every
+/// quantised one.
+fn formats() -> impl Iterator<Item = QuantType> {
     use QuantType::*;
-    [
-        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S,
-        IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4,
-    ]
-};
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
+    super::matmul::FORMATS
+        .into_iter()
+        .filter(|t| !matches!(t, F32 | F16 | BF16))
 }
 
-/// `rows` random rows of `k` values of `ty`, with sane f16 scales (ggml-common.h offsets).
-fn random_weights(ty: QuantType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
-    use QuantType::*;
-    let scales: &[usize] = match ty {
-        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => &[0],
-        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
-        Q2_K => &[80, 82],
-        Q3_K => &[108],
-        Q6_K => &[208],
-        _ => &[],
-    };
-    let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * rows)
-        .map(|_| rng.next_u64() as u8)
-        .collect();
-    for block in w.chunks_exact_mut(ty.type_size()) {
-        if ty == MXFP4 {
-            block[0] = 118 + (rng.next_u64() % 8) as u8;
-        }
-        for &o in scales {
-            let d = half::f16::from_f32(0.002 + 0.02 * (rng.f32() + 1.0));
-            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
-        }
+/// `n_expert` experts' random `m x k` matrices of `ty`, `stride` bytes apart (the gap
+/// filled with 0xEE: experts need not be back to back).
+fn expert_weights(
+    ty: QuantType,
+    m: usize,
+    k: usize,
+    n_expert: usize,
+    stride: usize,
+    rng: &mut Rng,
+) -> Vec<u8> {
+    let mut w = Vec::new();
+    for _ in 0..n_expert {
+        let start = w.len();
+        w.extend(random_weights(ty, m, k, rng));
+        w.resize(start + stride, 0xEE);
     }
     w
+}
+
+/// `with` against `without` for one case: the same bits, and NaN rows where `nan_rows`
+/// says; printed, and remembered in `failures` when not.
+fn compare(
+    what: &str,
+    with: &[f32],
+    without: &[f32],
+    nan_rows: std::ops::Range<usize>,
+    failures: &mut Vec<String>,
+) {
+    let ok = same_bits(with, without) && with[nan_rows].iter().all(|v| v.is_nan());
+    println!("{what}: {}", if ok { "bit-exact" } else { "DIFFERENT" });
+    if !ok {
+        failures.push(what.to_string());
+    }
 }
 
 /// One product's inputs on a device.
@@ -146,9 +137,9 @@ fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_vec_q8")) else {
         return;
     };
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut failures = Vec::new();
-    for ty in FORMATS {
+    for ty in formats() {
         // Rows of 768 to 20,480 values (past the 8 steps a warp stages at once), row
         // counts no multiple of a block's 4, the attention output's 2048 x 4096.
         for (m, k) in [
@@ -196,10 +187,10 @@ fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "experts_gate_up_q8")) else {
         return;
     };
-    let mut rng = Rng(0x2545_f491);
+    let mut rng = Rng::new(0x2545_f491);
     let (n_expert, n_used) = (16usize, 8usize);
     let mut failures = Vec::new();
-    for ty in FORMATS {
+    for ty in formats() {
         // Qwen3-30B-A3B's expert shape (768 x 2048), a short row tail, a long row.
         for (m, k) in [(768, 2048), (37, 1280), (21, 5120)] {
             if ty.row_bytes(k).is_none() {
@@ -210,15 +201,8 @@ fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
                 ty.row_bytes(k).unwrap() * m + 2,
                 ty.row_bytes(k).unwrap() * m + 32,
             );
-            let experts = |rng: &mut Rng, stride: usize| {
-                let mut w = Vec::new();
-                for _ in 0..n_expert {
-                    w.extend(random_weights(ty, m, k, rng));
-                    w.resize(w.len() + stride - ty.row_bytes(k).unwrap() * m, 0xEE);
-                }
-                w
-            };
-            let (wg, wu) = (experts(&mut rng, eg), experts(&mut rng, eu));
+            let wg = expert_weights(ty, m, k, n_expert, eg, &mut rng);
+            let wu = expert_weights(ty, m, k, n_expert, eu, &mut rng);
             let mut ids: Vec<i32> = (0..n_used)
                 .map(|_| (rng.next_u64() % n_expert as u64) as i32)
                 .collect();
@@ -253,16 +237,13 @@ fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
                 dev.launch(KernelId::ExpertsGateUp, &cfg, &args, s).unwrap();
                 download(dev, &y, s)
             };
-            let (a, b) = (run(&with), run(&without));
-            let nan_rows = a[3 * m..4 * m].iter().all(|v| v.is_nan());
-            let ok = same_bits(&a, &b) && nan_rows;
-            println!(
-                "experts_gate_up_q8 {ty:?} {m}x{k} vs experts_gate_up: {}",
-                if ok { "bit-exact" } else { "DIFFERENT" }
+            compare(
+                &format!("experts_gate_up_q8 {ty:?} {m}x{k} vs experts_gate_up"),
+                &run(&with),
+                &run(&without),
+                3 * m..4 * m,
+                &mut failures,
             );
-            if !ok {
-                failures.push(format!("{ty:?} {m}x{k}"));
-            }
         }
     }
     assert!(failures.is_empty(), "differ: {failures:?}");
@@ -275,10 +256,10 @@ fn mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_experts_q8")) else {
         return;
     };
-    let mut rng = Rng(0x5151_7b7b);
+    let mut rng = Rng::new(0x5151_7b7b);
     let (n_expert, n_used) = (16usize, 8usize);
     let mut failures = Vec::new();
-    for ty in FORMATS {
+    for ty in formats() {
         // Qwen3-30B-A3B's down projection (2048 x 768, a row per slot) and gate/up shape
         // (768 x 2048, the token's row), a long row.
         for (m, k, per_slot) in [(2048, 768, 1u32), (768, 2048, 0), (21, 5120, 1)] {
@@ -286,11 +267,7 @@ fn mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec() {
                 continue;
             };
             let stride = rb * m + 2; // experts need not be 16-byte aligned
-            let mut w = Vec::new();
-            for _ in 0..n_expert {
-                w.extend(random_weights(ty, m, k, &mut rng));
-                w.resize(w.len() + 2, 0xEE);
-            }
+            let w = expert_weights(ty, m, k, n_expert, stride, &mut rng);
             let mut ids: Vec<i32> = (0..n_used)
                 .map(|_| (rng.next_u64() % n_expert as u64) as i32)
                 .collect();
@@ -322,16 +299,15 @@ fn mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec() {
                 dev.launch(KernelId::MulMatExperts, &cfg, &args, s).unwrap();
                 download(dev, &y, s)
             };
-            let (a, b) = (run(&with), run(&without));
-            let nan_rows = a[6 * m..7 * m].iter().all(|v| v.is_nan());
-            let ok = same_bits(&a, &b) && nan_rows;
-            println!(
-                "mul_mat_experts_q8 {ty:?} {m}x{k} per_slot {per_slot} vs mul_mat_experts_vec: {}",
-                if ok { "bit-exact" } else { "DIFFERENT" }
+            compare(
+                &format!(
+                    "mul_mat_experts_q8 {ty:?} {m}x{k} per_slot {per_slot} vs mul_mat_experts_vec"
+                ),
+                &run(&with),
+                &run(&without),
+                6 * m..7 * m,
+                &mut failures,
             );
-            if !ok {
-                failures.push(format!("{ty:?} {m}x{k} per_slot {per_slot}"));
-            }
         }
     }
     assert!(failures.is_empty(), "differ: {failures:?}");
@@ -343,7 +319,7 @@ fn each_stream_quantises_into_its_own_scratch() {
     let Some(dev) = gpu("each_stream_quantises_into_its_own_scratch", "") else {
         return;
     };
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     // Different formats, activations and row lengths, so a shared scratch would mix them.
     let p1 = Product::new(&dev, QuantType::Q4_K, 512, 4096, &mut rng);
     let p2 = Product::new(&dev, QuantType::Q8_0, 700, 2048, &mut rng);
