@@ -15,15 +15,13 @@ mod decode_fused;
 mod fused;
 #[path = "model_ops/matmul.rs"]
 mod matmul;
-#[path = "model_ops/matvec_q8.rs"]
-mod matvec_q8;
 
 use std::sync::Mutex;
 
 use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg};
 
 /// GPU tests in this file run one at a time even without `--test-threads=1`.
-pub static GPU: Mutex<()> = Mutex::new(());
+static GPU: Mutex<()> = Mutex::new(());
 
 /// The CPU reference device and CUDA device 0.
 pub struct Pair {

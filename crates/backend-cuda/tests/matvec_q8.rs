@@ -8,12 +8,15 @@
 //! and from a captured graph, each give what they give alone. Skips with one line when
 //! there is no CUDA device.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Mutex;
+
 use strata_backend_cuda::{CudaOptions, LaunchOptions};
 use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg, Stream};
 use strata_quant::QuantType;
 
-use super::matmul::random_weights;
-use super::{GPU, Rng};
+static GPU: Mutex<()> = Mutex::new(());
 
 /// Device 0 with `skip` left out (every fused kernel in use), or `None` without a GPU.
 fn gpu(test: &str, skip: &str) -> Option<Device> {
@@ -34,13 +37,54 @@ fn gpu(test: &str, skip: &str) -> Option<Device> {
     }
 }
 
-/// The formats mul_mat_vec quantises an activation for (kernels-cuda/quant.cuh): every
-/// quantised one.
-fn formats() -> impl Iterator<Item = QuantType> {
+/// The formats mul_mat_vec quantises an activation for (kernels-cuda/quant.cuh).
+const FORMATS: [QuantType; 18] = {
     use QuantType::*;
-    super::matmul::FORMATS
-        .into_iter()
-        .filter(|t| !matches!(t, F32 | F16 | BF16))
+    [
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S,
+        IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4,
+    ]
+};
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// `rows` random rows of `k` values of `ty`, with sane f16 scales (ggml-common.h offsets).
+fn random_weights(ty: QuantType, rows: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    use QuantType::*;
+    let scales: &[usize] = match ty {
+        Q4_0 | Q5_0 | Q8_0 | IQ4_NL | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S | IQ4_XS => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    };
+    let mut w: Vec<u8> = (0..ty.row_bytes(k).unwrap() * rows)
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in w.chunks_exact_mut(ty.type_size()) {
+        if ty == MXFP4 {
+            block[0] = 118 + (rng.next_u64() % 8) as u8;
+        }
+        for &o in scales {
+            let d = half::f16::from_f32(0.002 + 0.02 * (rng.f32() + 1.0));
+            block[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    w
 }
 
 /// `n_expert` experts' random `m x k` matrices of `ty`, `stride` bytes apart (the gap
@@ -137,9 +181,9 @@ fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_vec_q8")) else {
         return;
     };
-    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let mut failures = Vec::new();
-    for ty in formats() {
+    for ty in FORMATS {
         // Rows of 768 to 20,480 values (past the 8 steps a warp stages at once), row
         // counts no multiple of a block's 4, the attention output's 2048 x 4096.
         for (m, k) in [
@@ -187,10 +231,10 @@ fn experts_gate_up_q8_is_bit_for_bit_experts_gate_up() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "experts_gate_up_q8")) else {
         return;
     };
-    let mut rng = Rng::new(0x2545_f491);
+    let mut rng = Rng(0x2545_f491);
     let (n_expert, n_used) = (16usize, 8usize);
     let mut failures = Vec::new();
-    for ty in formats() {
+    for ty in FORMATS {
         // Qwen3-30B-A3B's expert shape (768 x 2048), a short row tail, a long row.
         for (m, k) in [(768, 2048), (37, 1280), (21, 5120)] {
             if ty.row_bytes(k).is_none() {
@@ -256,10 +300,10 @@ fn mul_mat_experts_q8_is_bit_for_bit_mul_mat_experts_vec() {
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_experts_q8")) else {
         return;
     };
-    let mut rng = Rng::new(0x5151_7b7b);
+    let mut rng = Rng(0x5151_7b7b);
     let (n_expert, n_used) = (16usize, 8usize);
     let mut failures = Vec::new();
-    for ty in formats() {
+    for ty in FORMATS {
         // Qwen3-30B-A3B's down projection (2048 x 768, a row per slot) and gate/up shape
         // (768 x 2048, the token's row), a long row.
         for (m, k, per_slot) in [(2048, 768, 1u32), (768, 2048, 0), (21, 5120, 1)] {
@@ -319,7 +363,7 @@ fn each_stream_quantises_into_its_own_scratch() {
     let Some(dev) = gpu("each_stream_quantises_into_its_own_scratch", "") else {
         return;
     };
-    let mut rng = Rng::new(77);
+    let mut rng = Rng(77);
     // Different formats, activations and row lengths, so a shared scratch would mix them.
     let p1 = Product::new(&dev, QuantType::Q4_K, 512, 4096, &mut rng);
     let p2 = Product::new(&dev, QuantType::Q8_0, 700, 2048, &mut rng);
