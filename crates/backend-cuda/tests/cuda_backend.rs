@@ -132,6 +132,38 @@ fn cuda_sources() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The kernels `src` declares: `extern "C" __global__ void`, then any upper-case macros
+/// (cluster dimensions) and `__launch_bounds__(...)`, then `NAME(`; `None` for a
+/// declaration where no name follows.
+fn declared_kernels(src: &str) -> Vec<Option<&str>> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    src.split("extern \"C\" __global__ void")
+        .skip(1)
+        .map(|decl| {
+            let mut rest = decl.trim_start();
+            loop {
+                if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
+                    rest = bounds.split_once(')')?.1.trim_start();
+                    continue;
+                }
+                let end = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+                let word = &rest[..end];
+                rest = rest[end..].trim_start();
+                if rest.starts_with('(') {
+                    return Some(word).filter(|w| !w.is_empty());
+                }
+                if word.is_empty() || word.chars().any(|c| c.is_ascii_lowercase()) {
+                    return None;
+                }
+            }
+        })
+        .collect()
+}
+
+fn defines_kernel(src: &str, name: &str) -> bool {
+    declared_kernels(src).contains(&Some(name))
+}
+
 fn temp_cache(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("strata-cuda-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -405,10 +437,9 @@ fn supports_exactly_the_kernels_kernels_cuda_defines() {
     // The expectation, read from the sources themselves.
     let sources = cuda_sources();
     for id in KernelId::ALL {
-        let decl = format!("extern \"C\" __global__ void {}(", id.name());
         let defined = sources
             .iter()
-            .any(|(m, src)| m == id.module() && src.contains(&decl));
+            .any(|(m, src)| m == id.module() && defines_kernel(src, id.name()));
         assert_eq!(dev.supports(id), defined, "{}", id.name());
         if !defined {
             let x = dev.alloc::<u32>(1).unwrap();
@@ -425,4 +456,29 @@ fn supports_exactly_the_kernels_kernels_cuda_defines() {
             );
         }
     }
+}
+
+#[test]
+fn every_kernel_declaration_is_read() {
+    // Needs no GPU: supports_exactly_the_kernels_kernels_cuda_defines finds each
+    // declaration's name, launch bounds and cluster macros between `void` and the name.
+    let sources = cuda_sources();
+    let names: Vec<Option<&str>> = sources
+        .iter()
+        .flat_map(|(_, s)| declared_kernels(s))
+        .collect();
+    assert!(names.len() > 40, "{} declarations", names.len());
+    assert!(names.iter().all(Option::is_some), "{names:?}");
+    for name in [
+        "mul_mat",
+        "attention",
+        "attention_long_q8",
+        "mul_mat_experts_cached",
+    ] {
+        assert!(names.contains(&Some(name)), "{name}");
+    }
+    assert_eq!(
+        declared_kernels("extern \"C\" __global__ void X __launch_bounds__(256, 2)\n  k_1(int)"),
+        [Some("k_1")]
+    );
 }

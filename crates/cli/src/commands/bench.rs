@@ -130,18 +130,27 @@ fn copy_bandwidth(dev: &strata_core::Device) -> anyhow::Result<f64> {
 /// that profile: CUDA with STRATA_KERNEL_TIMING=1; graph replays are not broken down, so
 /// pair it with --no-graphs), on stderr.
 fn print_profile(what: &str, times: &[strata_core::KernelTime], steps: usize) {
+    print_profile_per(what, times, steps, "step");
+}
+
+/// [`print_profile`] over `steps` units named `unit` (a step, a window).
+fn print_profile_per(what: &str, times: &[strata_core::KernelTime], steps: usize, unit: &str) {
     if times.is_empty() {
         return;
     }
     let total: f64 = times.iter().map(|t| t.seconds).sum();
     let per_step = |s: f64| 1e6 * s / steps.max(1) as f64;
     eprintln!(
-        "{what} profile: {:.1} us of kernel time per step ({steps} steps)",
+        "{what} profile: {:.1} us of kernel time per {unit} ({steps} {unit}s)",
         per_step(total)
     );
     eprintln!(
         "{:<20} {:>9} {:>12} {:>10} {:>7}",
-        "kernel", "launches", "us/step", "us/launch", "share"
+        "kernel",
+        "launches",
+        format!("us/{unit}"),
+        "us/launch",
+        "share"
     );
     for t in times {
         eprintln!(
@@ -389,6 +398,15 @@ fn window_cost(
                 );
             }
         }
+    }
+    // Per kernel (STRATA_KERNEL_TIMING=1 on CUDA), the last repetition's.
+    if let Some(c) = costs.first() {
+        print_profile("plain step", &c.plain_kernels, c.step_seconds.len() / reps);
+    }
+    for c in &costs {
+        let windows = c.window_seconds.len() / reps;
+        let what = format!("window of {}", c.k + 1);
+        print_profile_per(&what, &c.window_kernels, windows, "window");
     }
     let median_ms = |v: &[f64]| {
         let mut v = v.to_vec();

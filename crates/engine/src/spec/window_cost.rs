@@ -13,6 +13,7 @@ use crate::context::Context;
 use crate::error::EngineError;
 use crate::experts::ExpertStats;
 use crate::sampler::{Sampler, SamplingParams};
+use strata_core::KernelTime;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WindowCostError {
@@ -50,6 +51,11 @@ pub struct WindowCost {
     /// The expert cache's statistics of each run, when the context has one.
     pub plain_experts: Option<ExpertStats>,
     pub window_experts: Option<ExpertStats>,
+    /// Device time per kernel of the plain run and of the windowed run, where the backend
+    /// profiles launches (CUDA with `STRATA_KERNEL_TIMING=1`; empty otherwise): the last
+    /// measurement's, as its expert statistics.
+    pub plain_kernels: Vec<KernelTime>,
+    pub window_kernels: Vec<KernelTime>,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -107,6 +113,8 @@ impl WindowCost {
         self.tokens.clone_from(&other.tokens);
         self.plain_experts.clone_from(&other.plain_experts);
         self.window_experts.clone_from(&other.window_experts);
+        self.plain_kernels.clone_from(&other.plain_kernels);
+        self.window_kernels.clone_from(&other.window_kernels);
     }
 }
 
@@ -149,6 +157,7 @@ pub fn measure_window_costs(
     let first = sampler.sample(&logits, prompt);
     warm_up(ctx, prompt.len(), first, n, ks)?;
     let _ = ctx.take_expert_stats();
+    ctx.dev.kernel_times().map_err(EngineError::from)?; // the profiles leave the warm-up out
 
     // Plain: steps feed tokens[0..n - 1], each choosing the next.
     let config = SpecConfig {
@@ -170,6 +179,7 @@ pub fn measure_window_costs(
         history.push(next);
     }
     let plain_experts = ctx.take_expert_stats();
+    let plain_kernels = ctx.dev.kernel_times().map_err(EngineError::from)?;
     let tokens = history[prompt.len()..].to_vec();
 
     let mut costs = Vec::with_capacity(ks.len());
@@ -184,6 +194,8 @@ pub fn measure_window_costs(
             window_seconds,
             plain_experts: plain_experts.clone(),
             window_experts: ctx.take_expert_stats(),
+            plain_kernels: plain_kernels.clone(),
+            window_kernels: ctx.dev.kernel_times().map_err(EngineError::from)?,
         });
     }
     Ok(costs)
