@@ -70,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
 // share experts (40 pairs of a 5-token window touch ~25). Ids outside [0, n_expert) give NaN
 // rows; experts with no slot are left to the CPU pool. More than MVW_PAIRS pairs: the
 // per-pair units.
-extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached_multi(
+extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi(
     const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
     uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {

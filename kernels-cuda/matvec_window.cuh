@@ -85,11 +85,13 @@ __device__ __forceinline__ uint64_t pairs_of_key(const MvwShared& sh, int key, u
     return mask;
 }
 
-// mv_dot for u.tn (<= MVW_TOKENS) activation rows u.x + u.x_rows[i] · u.x_stride: out[r][i]
-// is what mv_dot gives row r with activation row i alone, in every lane.
+// mv_dot for u.tn (<= MVW_TOKENS) activation rows u.x + u.x_rows[i] · u.x_stride, the
+// pairs in `pass` (bit p: pair p, in order): weight row `rows[r]`'s result for the i-th pair
+// p, what mv_dot gives for that pair alone, goes to y[p · u.m + rows[r]].
 template <class F>
-__device__ void mvw_dot(MvwShared& sh, const MmUnit& u, const uint8_t* const* wrows,
-                        float (&out)[MV_ROWS][MVW_TOKENS], uint64_t& staged_key) {
+__device__ __forceinline__ void mvw_dot(MvwShared& sh, const MmUnit& u,
+                                        const uint8_t* const* wrows, const uint32_t* rows,
+                                        uint64_t pass, float* y, uint64_t& staged_key) {
     const int lane = threadIdx.x & 31;
     constexpr int SUBS = F::QK / 32;
     // Whole steps of every row, as mv_dot's chunks (a chunk's length does not change a
@@ -138,10 +140,16 @@ __device__ void mvw_dot(MvwShared& sh, const MmUnit& u, const uint8_t* const* wr
     }
     pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
 #pragma unroll
-    for (int rr = 0; rr < MV_ROWS; rr++)
+    for (int i = 0; i < MVW_TOKENS; i++) {
+        if (i >= u.tn) break;
+        const uint64_t p = (uint64_t)(__ffsll((long long)pass) - 1);
+        pass &= pass - 1;
 #pragma unroll
-        for (int i = 0; i < MVW_TOKENS; i++)
-            if (i < u.tn) out[rr][i] = warp_sum(acc[rr][i]);
+        for (int rr = 0; rr < MV_ROWS; rr++) {
+            const float v = warp_sum(acc[rr][i]);
+            if (wrows[rr] && lane == 0) y[p * u.m + rows[rr]] = v;
+        }
+    }
 }
 
 // Rows r0 + rr · nwarps + warp of the unit (as mv_quant_unit) for the pairs in `mask` (bit
@@ -153,13 +161,14 @@ template <class F>
 __device__ void mvw_quant_unit(MvwShared& sh, MmUnit& u, uint64_t mask, uint32_t n_used,
                                uint32_t x_per_slot, float* y, uint64_t key,
                                uint64_t& staged_key) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5;
     const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
     const uint8_t* wrows[MV_ROWS];
+    uint32_t rows[MV_ROWS];
 #pragma unroll
     for (int rr = 0; rr < MV_ROWS; rr++) {
-        const uint32_t row = u.r0 + (uint32_t)(rr * nwarps + warp);
-        wrows[rr] = warp < nwarps && row < u.m ? u.w + row * u.row_bytes : nullptr;
+        rows[rr] = u.r0 + (uint32_t)(rr * nwarps + warp);
+        wrows[rr] = warp < nwarps && rows[rr] < u.m ? u.w + rows[rr] * u.row_bytes : nullptr;
     }
     const bool one_pass = __popcll(mask) <= MVW_TOKENS;
     u.x_rows = sh.x_rows;
@@ -179,19 +188,7 @@ __device__ void mvw_quant_unit(MvwShared& sh, MmUnit& u, uint64_t mask, uint32_t
         mask = rest;
         u.tn = n;
         if (!one_pass) staged_key = ~(uint64_t)0;  // each pass quantises its own rows
-        float out[MV_ROWS][MVW_TOKENS];
-        mvw_dot<F>(sh, u, wrows, out, staged_key);
-        uint64_t left = pass;
-#pragma unroll
-        for (int i = 0; i < MVW_TOKENS; i++) {
-            if (i >= n) break;
-            const uint64_t p = (uint64_t)(__ffsll((long long)left) - 1);
-            left &= left - 1;
-#pragma unroll
-            for (int rr = 0; rr < MV_ROWS; rr++)
-                if (wrows[rr] && lane == 0)
-                    y[p * u.m + u.r0 + (uint32_t)(rr * nwarps + warp)] = out[rr][i];
-        }
+        mvw_dot<F>(sh, u, wrows, rows, pass, y, staged_key);
     }
     if (!one_pass) staged_key = ~(uint64_t)0;
 }
