@@ -80,7 +80,11 @@ fn routing(n_tokens: usize, rng: &mut Rng) -> Vec<i32> {
     for _ in 0..n_tokens {
         let token = ids.len();
         while ids.len() < token + N_USED {
-            let pick = if rng.next_u64().is_multiple_of(2) { 6 } else { N_EXPERT };
+            let pick = if rng.next_u64().is_multiple_of(2) {
+                6
+            } else {
+                N_EXPERT
+            };
             let e = (rng.next_u64() % pick as u64) as i32;
             if !ids[token..].contains(&e) {
                 ids.push(e);
