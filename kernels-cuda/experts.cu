@@ -9,21 +9,16 @@
 #include "matmul.cuh"
 #include "matvec.cuh"
 #include "slot_units.cuh"
+#include "matvec_window.cuh"
 
-// e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
-// matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
-// One token per unit, so matvec.cuh's units (bit for bit matmul.cuh's for a one-row tile).
-extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
-    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
-    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
-    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
-    pdl_begin();
-    __shared__ MvShared sh;
-    const uint64_t pairs = (uint64_t)n_tokens * n_used;
-    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
-        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
-        return;
-    }
+// The per-pair units of mul_mat_experts_cached (below), over the block's share of the grid.
+__device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* slots,
+                                                  const int32_t* table, const float* x,
+                                                  const int32_t* ids, float* y, uint32_t type,
+                                                  uint32_t m, uint32_t k, uint64_t pairs,
+                                                  uint32_t n_used, uint32_t x_per_slot,
+                                                  uint32_t n_expert, uint64_t slot_bytes,
+                                                  uint64_t matrix_offset) {
     const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
     const uint64_t units = pairs * groups;
@@ -47,6 +42,77 @@ extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
         u.r0 = r0;
         u.act_key = xrow;
         mv_unit(sh, type, u, staged);
+    }
+}
+
+// e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
+// matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
+// One token per unit, so matvec.cuh's units (bit for bit matmul.cuh's for a one-row tile).
+extern "C" __global__ void __launch_bounds__(256, 4) mul_mat_experts_cached(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
+    pdl_begin();
+    __shared__ MvShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
+        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
+        return;
+    }
+    cached_pair_units(sh, slots, table, x, ids, y, type, m, k, pairs, n_used, x_per_slot,
+                      n_expert, slot_bytes, matrix_offset);
+}
+
+// mul_mat_experts_cached for verify windows (2..=8 tokens, variants.rs): a unit per (expert
+// the launch routes to, the rows of a one-token unit), reading those rows once for all the
+// pairs routed to that expert (matvec_window.cuh), each pair's rows bit for bit the
+// per-pair kernel's. So a window costs about one step's units, not one per pair: its pairs
+// share experts (40 pairs of a 5-token window touch ~25). Ids outside [0, n_expert) give NaN
+// rows; experts with no slot are left to the CPU pool. More than MVW_PAIRS pairs: the
+// per-pair units.
+extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
+    pdl_begin();
+    __shared__ MvwBlockShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k)) {
+        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
+        return;
+    }
+    if (pairs > MVW_PAIRS) {
+        cached_pair_units(sh.one, slots, table, x, ids, y, type, m, k, pairs, n_used,
+                          x_per_slot, n_expert, slot_bytes, matrix_offset);
+        return;
+    }
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    // Blocks past the most units a launch of this size can have leave at once.
+    if (blockIdx.x >= pairs * groups) return;
+    const int keys = window_keys(sh.win, ids, (uint32_t)pairs, n_expert);
+    uint64_t staged = ~(uint64_t)0;
+    for (uint64_t un = blockIdx.x; un < (uint64_t)keys * groups; un += gridDim.x) {
+        const int rank = (int)(un / groups);
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        // Block-uniform: every thread sees the same key, table entry and pairs.
+        const int key = sh.win.keys[nth_bit(sh.win.firsts, rank)];
+        const uint64_t mask = pairs_of_key(sh.win, key, (uint32_t)pairs);
+        if (key < 0) {
+            for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
+                const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
+                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                    y[p * m + r] = nan_f32();
+            }
+            continue;
+        }
+        const int32_t s = table[key];
+        if (s < 0) continue;  // the CPU pool computes this expert's pairs
+        MmUnit u = one_row_unit(type, m, k);
+        u.w = slots + (uint64_t)s * slot_bytes + matrix_offset;
+        u.x = x;
+        u.r0 = r0;
+        mvw_unit(sh.win, type, u, mask, n_used, x_per_slot, y, (uint64_t)rank, staged);
     }
 }
 

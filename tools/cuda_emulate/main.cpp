@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached|cached_multi [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -781,6 +781,7 @@ int main(int argc, char** argv) {
     if (only == "mma") test_mma();
     if (only == "mmq") test_mmq();
     if (only == "cached") test_cached_grouped();
+    if (only == "cached" || only == "cached_multi") test_cached_multi();
     printf("%d failed\n", fails);
     return fails != 0;
 }

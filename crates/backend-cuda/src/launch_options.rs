@@ -12,6 +12,9 @@
 /// `mul_mat_experts_cached_grouped` (a verify window's cached experts grouped by expert):
 /// a 5-token window with a 50% cache took 25.79 ms with it and 23.75 ms without (skewed
 /// routing still gives a window few shared experts, and the tiled form is slower per row).
+/// Not left out: `mul_mat_experts_cached_multi` (windows of 2..=8 tokens: matvec.cuh's
+/// one-token units, a unit per routed expert instead of per pair; variants.rs), listed
+/// before the grouped form; name both to run the per-pair kernel for windows.
 const SKIPPED_BY_DEFAULT: &str =
     "router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped";
 

@@ -139,6 +139,40 @@ const MOE_GROUP_MIN_TOKENS: u32 = 2;
 /// Slots the grouped expert kernel lists at once (kernels-cuda/model.cu MMA_LIST_MAX).
 const MMA_LIST_MAX: u64 = 8192;
 
+/// Verify windows: launches of this many tokens at most take mul_mat_experts_cached_multi
+/// (one for one token is the per-pair kernel's units, which the kernel keeps).
+const CACHED_MULTI_MAX_TOKENS: u32 = 8;
+/// Pairs (token, used slot) mul_mat_experts_cached_multi groups by expert
+/// (kernels-cuda/matvec_window.cuh MVW_PAIRS); past that it runs the per-pair units.
+const CACHED_MULTI_MAX_PAIRS: u32 = 64;
+
+/// Whether mul_mat_experts_cached_multi takes a launch of `n_tokens` tokens of `n_used`
+/// routed experts each: a verify window of 2..=8 tokens whose pairs it can group.
+fn cached_multi_applies(n_tokens: u32, n_used: u32) -> bool {
+    (2..=CACHED_MULTI_MAX_TOKENS).contains(&n_tokens)
+        && n_tokens
+            .checked_mul(n_used)
+            .is_some_and(|p| p <= CACHED_MULTI_MAX_PAIRS)
+}
+
+/// Units of the cached expert kernels that take a unit per (routed expert, 16 rows) rather
+/// than per (pair, 16 rows): at most one per pair and per expert (ids outside the experts
+/// share one), times the row groups of `block_threads` / 32 warps of 2 rows (matvec.cuh
+/// MV_ROWS, matmul.cuh MM_ROWS; at most 8 warps compute).
+/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
+/// x_per_slot, n_expert, ...)
+fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let (m, n, used, n_expert) = (
+        u32_arg(a, 6)?,
+        u32_arg(a, 8)?,
+        u32_arg(a, 9)?,
+        u32_arg(a, 11)?,
+    );
+    let rows = (block_threads / 32).clamp(1, 8) * 2;
+    let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
+    ranks.checked_mul(m.div_ceil(rows))
+}
+
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
 /// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
@@ -375,6 +409,19 @@ pub(crate) const VARIANTS: &[Variant] = &[
         scratch: false,
     },
     // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
+    // x_per_slot, n_expert, ...) for a verify window: a one-token unit per (routed expert,
+    // 16 rows), its rows read once for every pair routed to it (experts.cu).
+    Variant {
+        of: KernelId::MulMatExpertsCached,
+        func: "mul_mat_experts_cached_multi",
+        applies: |a, _| cached_multi_applies(u32_arg(a, 8)?, u32_arg(a, 9)?).then_some(0),
+        large_smem: false,
+        grid: Some(cached_expert_units),
+        grid_exact: false,
+        pre: None,
+        scratch: false,
+    },
+    // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
     // x_per_slot, n_expert, ...): a window's pairs grouped by expert (experts.cu), each
     // resident expert's rows decoded once per tile of its pairs.
     Variant {
@@ -387,17 +434,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         },
         large_smem: false,
         // A unit per (routed expert, 16 rows), not per (pair, 16 rows).
-        grid: Some(|a, block_threads| {
-            let (m, n, used, n_expert) = (
-                u32_arg(a, 6)?,
-                u32_arg(a, 8)?,
-                u32_arg(a, 9)?,
-                u32_arg(a, 11)?,
-            );
-            let rows = (block_threads / 32).clamp(1, 8) * 2;
-            let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
-            ranks.checked_mul(m.div_ceil(rows))
-        }),
+        grid: Some(cached_expert_units),
         grid_exact: false,
         pre: None,
         scratch: false,
@@ -520,6 +557,38 @@ mod tests {
         assert_eq!(grid(&cached(5, 8, 128), 256), Some(40 * 48));
         // 512 pairs, but 128 experts and the invalid-id rank.
         assert_eq!(grid(&cached(64, 8, 128), 256), Some(129 * 48));
+    }
+
+    #[test]
+    fn cached_experts_multi_takes_windows_of_up_to_64_pairs() {
+        let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+        let cached = |n: u32, used: u32, n_expert: u32| {
+            let mut a = vec![buf; 5];
+            a.extend([12, 768, 2048, n, used, 0, n_expert].map(KernelArg::U32));
+            a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+            a
+        };
+        let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        let v = &VARIANTS[pos("mul_mat_experts_cached_multi")];
+        assert_eq!(v.of, KernelId::MulMatExpertsCached);
+        // Listed before the grouped form, which would otherwise take windows of 3 or more.
+        assert!(pos("mul_mat_experts_cached_multi") < pos("mul_mat_experts_cached_grouped"));
+        assert!((v.applies)(&cached(1, 8, 128), 0).is_none());
+        for n in 2..=8 {
+            assert_eq!((v.applies)(&cached(n, 8, 128), 0), Some(0), "{n} tokens");
+        }
+        assert!((v.applies)(&cached(9, 8, 128), 0).is_none());
+        // 8 tokens of 16 experts: 128 pairs, more than the kernel groups.
+        assert!((v.applies)(&cached(8, 16, 128), 0).is_none());
+        assert!((v.applies)(&cached(4, 16, 128), 0).is_some());
+        assert!((v.applies)(&cached(5, 8, 128)[..8], 0).is_none());
+        let grid = v.grid.unwrap();
+        // 40 pairs over at most 40 experts, 48 units of 16 rows each; 8 of 6 experts (and
+        // the invalid ids' rank): 7.
+        assert_eq!(grid(&cached(5, 8, 128), 256), Some(40 * 48));
+        assert_eq!(grid(&cached(2, 4, 6), 256), Some(7 * 48));
+        // 4 warps a block: units of 8 rows.
+        assert_eq!(grid(&cached(5, 8, 128), 128), Some(40 * 96));
     }
 
     #[test]

@@ -404,8 +404,8 @@ fn mul_mat_experts_matches_the_cpu_for_every_format() {
     rep.finish();
 }
 
-/// The expert cache's product on the device (mul_mat_experts_cached: one token per unit,
-/// and its grouped variant for windows) against the device's uncached mul_mat_experts, bit
+/// The expert cache's product on the device (mul_mat_experts_cached: one token per unit;
+/// windows of 3 and 5 tokens take its multi variant, 9 its grouped one) against the device's uncached mul_mat_experts, bit
 /// for bit on the resident pairs; the pool's pairs are left untouched; each token of a
 /// window alone gives its rows bit for bit (a verify window must not change a row).
 #[test]
