@@ -13,14 +13,16 @@
 // 256 rows at 32K, 512 blocks for a decode step), groups of ATT_FLASH_GROUP pieces (a
 // cluster's, one piece a block). A piece is ATT_FLASH_SLICES slices at fixed positions;
 // warp w takes slices w, w + warps, ... and walks a slice 16 keys a step with K and V
-// loaded straight into registers as 16-byte loads (no shared memory, no block barrier):
-// S = Q·Kᵀ on m16n8k16 f16 mma (the unit's heads are A's rows 0-7, the keys B's columns,
-// head dimensions in a fixed permutation so that a lane's K operand is whole 16-byte
-// loads), an online softmax in registers (log2 units, a running maximum per head), and
-// Oᵀ += Vᵀ·Pᵀ on mma (V's dimensions are A's rows, built from 16-byte loads by byte
-// permutes; P's f16 fragments are S's accumulators as they stand). Each slice leaves
-// (maximum, sum, unnormalised P·V) per head in shared memory; the block merges its slices
-// in slice order; the cluster merges its blocks in rank order through distributed shared
+// loaded straight into registers (16-byte loads for the f16 cache; no shared memory, no
+// block barrier), asking L2 for its rows ATT_FLASH_AHEAD ahead: S = Q·Kᵀ on m16n8k16 f16
+// mma (the unit's heads are A's rows 0-7, the keys B's columns, head dimensions in a fixed
+// permutation so that a lane's K operand is whole 16-byte loads), an online softmax in
+// registers (log2 units, a running maximum per head), and Oᵀ += Vᵀ·Pᵀ on mma (V's
+// dimensions are A's rows, built from 16-byte loads by byte permutes; P's f16 fragments
+// are S's accumulators as they stand). The kernels take up to 255 registers (one block of
+// 8 warps an SM, every warp with a step's 8 KiB of K/V and its prefetches in flight).
+// Each slice leaves (maximum, sum, unnormalised P·V) per head in shared memory; the block
+// merges its slices in slice order; the cluster merges its blocks in rank order through distributed shared
 // memory into the group's triple in the stream's scratch; the unit's last block (a counter
 // per unit, as attention_long.cuh) merges the groups in group order into the output and
 // sets the counter back to 0. Units of shorter spans take attention.cuh's path
@@ -29,11 +31,12 @@
 // Which block, warp and slice compute what and in which order sums are formed depend only
 // on the row's position (its span), never on the grid, the block size or the other rows of
 // the launch: a row's result is the same bit for bit alone, in a verify window or in a
-// short read. Numerics: the query is rounded to f16 (as ggml does for the f16 cache; the
-// q8_0 cache's values are dequantised to f16, d·q rounded, and its query rounded too), the
-// scores are the tensor cores' f32 sums, the unnormalised probabilities (≤ 1) are rounded to
-// f16 for P·V (as attention_prefill.cuh) and summed unrounded in f32: within f16 rounding
-// of the exact softmax (tools/cuda_emulate attention_flash), not the CPU's bits.
+// short read. Numerics: the f16 cache's query is rounded to f16 (as ggml does); the q8_0
+// cache's K integers are exact in f16, each block's sums scaled by its d in f32, its query
+// taken as two f16 parts (~22 bits) and its V values d·q rounded to f16. The scores are the
+// tensor cores' f32 sums, the unnormalised probabilities (≤ 1) are rounded to f16 for P·V
+// (as attention_prefill.cuh) and summed unrounded in f32: within f16 rounding of the exact
+// softmax (tools/cuda_emulate attention_flash), not the CPU's bits.
 // Without clusters (the host emulator) a block computes the group's pieces one after
 // another and the same rank-order merge reads their copies.
 #pragma once
@@ -557,7 +560,10 @@ __device__ __forceinline__ void attention_flash_run(const float* q, const int32_
     __shared__ AttSmem sm;
     __shared__ AttFlashSmem fs;
     const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
-    if (!att_shape_ok<Kv>(n_head, n_kv_head, head_dim) || head_dim != ATT_FLASH_HEAD_DIM)
+    // The f16 cache's rows are loaded 16 bytes at a time (the q8_0 cache's 2).
+    const uint64_t align = Kv::rounds_query ? 15 : 1;
+    if (!att_shape_ok<Kv>(n_head, n_kv_head, head_dim) || head_dim != ATT_FLASH_HEAD_DIM ||
+        (((uint64_t)cache.k | (uint64_t)cache.v) & align) != 0)
         return fill_nan(out, total);
     const uint64_t units = att_units(n_tokens, n_head, n_kv_head);
     // The host launches only what the scratch holds (variants.rs).

@@ -689,7 +689,8 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 2
 
 // The backend's variant of `attention` preferred over attention_long (head_dim 128): long
 // spans on tensor cores in pieces of a fixed size per span, the others as `attention`
-// (attention_flash.cuh); `scratch` is the stream's scratch buffer.
+// (attention_flash.cuh); `scratch` is the stream's scratch buffer. One block an SM: the
+// tensor-core walk keeps its K/V loads in registers (218 registers, no spills).
 #include "attention_flash.cuh"
 
 extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1)
