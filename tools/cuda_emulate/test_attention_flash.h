@@ -104,9 +104,10 @@ static void test_attention_flash() {
         std::string what = std::string("attention_flash") + (c.q8 ? "_q8" : "") + " heads " + std::to_string(c.nh) + "/" +
                            std::to_string(c.nkv) + " hd=" + std::to_string(hd) + " block " + std::to_string(c.block) + " pos";
         for (int p : c.pos) what += " " + std::to_string(p);
-        // f16 query and (q8_0) dequantised values, f16 unnormalised probabilities: each
-        // weight within ~2^-11 of its own, random in sign over hundreds of rows; a row
-        // merged wrongly or a slice lost is off by ~|v|/pieces, 1e-3 and more.
+        // f16 query (the q8_0 cache's: two f16 parts) and q8_0 V values, f16 unnormalised
+        // probabilities: each weight within ~2^-11 of its own, random in sign (worst seen:
+        // 6e-5 f16 and 1.5e-4 q8_0 at 101 rows, under 2e-5 from 3,000); a row merged
+        // wrongly or a slice lost is off by ~|v|/pieces, 1e-3 and more.
         report(what + " long rows", worst, 2e-4);
         // the short path rounds the f16 cache's probabilities to f16 (test_attention)
         report(what + " short rows", worst_short, c.q8 ? 2e-5 : 2e-3);
