@@ -687,6 +687,24 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 2
                        scratch);
 }
 
+// The backend's variant of `attention` preferred over attention_long (head_dim 128): long
+// spans on tensor cores in pieces of a fixed size per span, the others as `attention`
+// (attention_flash.cuh); `scratch` is the stream's scratch buffer. One block an SM: the
+// tensor-core walk keeps its K/V loads in registers (218 registers, no spills).
+#include "attention_flash.cuh"
+
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1)
+    attention_flash(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                    const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                    uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale,
+                    uint8_t* scratch) {
+    pdl_begin();
+    const uint64_t head = head_dim;
+    const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_flash_run(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
+                        scratch);
+}
+
 // The same attention for launches of many tokens (prefill), on tensor cores: the backend's
 // variant of `attention` (crates/backend-cuda/src/kernels.rs); attention_prefill.cuh. Two
 // blocks of 256 threads per SM (registers), each with atp_smem_bytes(head_dim) of dynamic
@@ -733,4 +751,17 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 2
     const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
     attention_long_run(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
                        scratch);
+}
+
+// attention_flash over the q8_0 caches: the backend's variant of `attention_q8`.
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1)
+    attention_flash_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                       const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                       uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale,
+                       uint8_t* scratch) {
+    pdl_begin();
+    const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
+    const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_flash_run(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
+                        scratch);
 }

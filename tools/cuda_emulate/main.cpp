@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached|cached_multi [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached|cached_multi [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -20,6 +20,8 @@
 #define ATT_LONG_MIN_SPAN 100
 #define ATT_LONG_MIN_PIECE 4
 #define ATT_LONG_ROUND_CHUNKS 2
+#define ATT_FLASH_PIECES 32
+#define ATT_FLASH_GROUPS 2
 #endif
 #include "model.cu"
 #include "fused.cu"
@@ -759,6 +761,7 @@ static void test_qkv_rope() {
 #include "test_vec_q8.h"
 #include "test_cached.h"
 #include "test_attention_long.h"
+#include "test_attention_flash.h"
 
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
@@ -770,6 +773,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "attention") test_attention();
     if (only.empty() || only == "attention" || only == "attention_prefill") test_attention_prefill();
     if (only.empty() || only == "attention" || only == "attention_long") test_attention_long();
+    if (only.empty() || only == "attention" || only == "attention_flash") test_attention_flash();
     if (only.empty() || only == "experts") test_experts();
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();

@@ -34,10 +34,10 @@ const _: () = assert!(
 );
 
 /// Clusters a launch gets at most (its work items are taken in a grid-stride loop).
-const ATT_LONG_MAX_CLUSTERS: u64 = 128;
+pub(crate) const ATT_LONG_MAX_CLUSTERS: u64 = 128;
 
 /// The u32 scalar at argument `i`, if that is one.
-fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
+pub(crate) fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
     match args.get(i) {
         Some(KernelArg::U32(v)) => Some(*v),
         _ => None,
@@ -45,7 +45,7 @@ fn u32_arg(args: &[KernelArg], i: usize) -> Option<u32> {
 }
 
 /// Units of a launch of `n_tokens`: (token, K/V head, group of up to 8 query heads).
-fn units(n_tokens: u32, n_head: u32, n_kv_head: u32) -> Option<u64> {
+pub(crate) fn units(n_tokens: u32, n_head: u32, n_kv_head: u32) -> Option<u64> {
     let group = n_head.checked_div(n_kv_head)?;
     Some(u64::from(n_tokens) * u64::from(n_kv_head) * u64::from(group.div_ceil(8)))
 }
@@ -91,11 +91,11 @@ pub(crate) fn attention_long_grid(args: &[KernelArg], _block_threads: u32) -> Op
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::KERNEL_HEADERS;
 
-    fn attention(
+    pub(crate) fn attention(
         n_tokens: u32,
         n_head: u32,
         n_kv_head: u32,
@@ -120,9 +120,12 @@ mod tests {
 
     /// The value of `#define NAME value` in kernels-cuda/attention_long.cuh.
     fn header_define(name: &str) -> Option<u64> {
-        let (_, text) = KERNEL_HEADERS
-            .iter()
-            .find(|(n, _)| *n == "attention_long.cuh")?;
+        define_in("attention_long.cuh", name)
+    }
+
+    /// The value of `#define NAME value` in kernels-cuda/`header`.
+    pub(crate) fn define_in(header: &str, name: &str) -> Option<u64> {
+        let (_, text) = KERNEL_HEADERS.iter().find(|(n, _)| *n == header)?;
         text.lines().find_map(|l| {
             let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
             if !rest.starts_with(char::is_whitespace) {

@@ -5,6 +5,7 @@
 //! A machine without the NVIDIA driver builds and runs this crate: [`devices`] and
 //! [`device`] then return [`strata_core::Error::NoDriver`] instead of panicking.
 
+mod attention_flash;
 mod attention_long;
 mod backend;
 mod compile;

@@ -5,6 +5,9 @@
 
 use strata_core::{KernelArg, KernelId};
 
+use crate::attention_flash::{
+    ATT_FLASH_SCRATCH_END, attention_flash_applies, attention_flash_grid,
+};
 use crate::attention_long::{ATT_LONG_SCRATCH_END, attention_long_applies, attention_long_grid};
 
 /// A variant's own grid: the blocks it has work for, from the launch's arguments and block
@@ -54,9 +57,14 @@ pub(crate) struct PreLaunch {
 }
 
 /// Bytes of each stream's scratch buffer: mul_mat_vec_q8's quantised activation rows
-/// ([`MVQ_SCRATCH_BYTES`]), then (attention_long.rs ATT_LONG_SCRATCH_AT) attention_long's
-/// per-unit counters and partial results: ~9 MiB in all.
-pub(crate) const SCRATCH_BYTES: usize = ATT_LONG_SCRATCH_END;
+/// ([`MVQ_SCRATCH_BYTES`]), then (attention_long.rs ATT_LONG_SCRATCH_AT) the per-unit
+/// counters and partial results of attention_long or attention_flash (one attention
+/// launch runs at a time on a stream; each leaves the counters 0): ~17 MiB in all.
+pub(crate) const SCRATCH_BYTES: usize = if ATT_FLASH_SCRATCH_END > ATT_LONG_SCRATCH_END {
+    ATT_FLASH_SCRATCH_END
+} else {
+    ATT_LONG_SCRATCH_END
+};
 
 /// The scratch's part for mul_mat_vec_q8's quantised activation row (a byte per value,
 /// then a scale and a Q8_1 sum per 32 values) for rows of up to [`MVQ_MAX_K`] values.
@@ -459,7 +467,30 @@ pub(crate) const VARIANTS: &[Variant] = &[
         scratch: false,
     },
     // attention(q, pos, k, v, out | n_tokens, ...) of up to 64 tokens in a context longer
-    // than 1,024 rows: long spans over up to 64 blocks (attention_long.cuh).
+    // than 1,024 rows, head_dim 128: long spans over up to 128 blocks on tensor cores
+    // (attention_flash.cuh); before attention_long, which keeps what it declines.
+    Variant {
+        of: KernelId::Attention,
+        func: "attention_flash",
+        applies: attention_flash_applies,
+        large_smem: false,
+        grid: Some(attention_flash_grid),
+        grid_exact: true,
+        pre: None,
+        scratch: true,
+    },
+    Variant {
+        of: KernelId::AttentionQ8,
+        func: "attention_flash_q8",
+        applies: attention_flash_applies,
+        large_smem: false,
+        grid: Some(attention_flash_grid),
+        grid_exact: true,
+        pre: None,
+        scratch: true,
+    },
+    // The same launches of other head dimensions (or with attention_flash left out): long
+    // spans over up to 64 blocks (attention_long.cuh).
     Variant {
         of: KernelId::Attention,
         func: "attention_long",
@@ -741,6 +772,21 @@ mod tests {
         assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
         assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
         assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
+    }
+
+    #[test]
+    fn flash_attention_is_preferred_over_attention_long() {
+        let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+        // for_launch takes the first variant that applies: attention_flash where it does,
+        // attention_long for what it declines (or when STRATA_CUDA_SKIP leaves it out).
+        assert!(find("attention_flash") < find("attention_long"));
+        assert!(find("attention_flash_q8") < find("attention_long_q8"));
+        assert_eq!(VARIANTS[find("attention_flash")].of, KernelId::Attention);
+        assert_eq!(
+            VARIANTS[find("attention_flash_q8")].of,
+            KernelId::AttentionQ8
+        );
+        assert!(VARIANTS[find("attention_flash")].scratch);
     }
 
     #[test]

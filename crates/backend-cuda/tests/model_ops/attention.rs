@@ -240,10 +240,14 @@ fn attend(
 /// formats: one token at depth 20000, and a 64-token window at 1100..1164 (chunk 18 starts
 /// at 1152), against the CPU; and each of some of the window's rows launched alone gives
 /// the same bits as in the window (decode steps, verify windows and short reads rely on
-/// it: the engine's spec identity); a second window straddles attention_long's threshold
-/// (its rows of spans over 1,024 split over up to 64 blocks, the others as before), so
-/// both paths run in one launch. The q8_0 kernel sums in f32 as the CPU does (~1e-5
-/// apart in the emulator), hence its tighter tolerance.
+/// it: the engine's spec identity); a second window straddles the long kernels' threshold
+/// (its rows of spans over 1,024 split over many blocks, the others as before), so both
+/// paths run in one launch. On CUDA the long rows take attention_flash (head_dim 128:
+/// tensor cores, the probabilities and the q8_0 cache's values rounded to f16, within
+/// 8e-5 of the exact softmax at 101 rows and 2.5e-5 at 3,000 in the emulator);
+/// tests/attention_flash.rs compares it with attention_long. The q8_0 cache's other
+/// kernels sum in f32 as the CPU does (~1e-5 apart in the emulator); its tolerance is
+/// the flash kernel's.
 #[test]
 fn attention_deep_and_in_windows_matches_the_cpu() {
     let Some(p) = pair("attention_deep_and_in_windows_matches_the_cpu") else {
@@ -259,7 +263,7 @@ fn attention_deep_and_in_windows_matches_the_cpu() {
     let v = rng.vec(ctx * kv_dim, 1.0);
     for q8 in [false, true] {
         let fmt = if q8 { "attention_q8" } else { "attention" };
-        let tol = if q8 { 1e-4 } else { 5e-4 };
+        let tol = if q8 { 2e-4 } else { 5e-4 };
         let (cpu_cache, gpu_cache) = (
             store(&p.cpu, q8, ctx, kv_dim, &k, &v),
             store(&p.gpu, q8, ctx, kv_dim, &k, &v),
@@ -275,7 +279,7 @@ fn attention_deep_and_in_windows_matches_the_cpu() {
             tol,
             |_| 1.0,
         );
-        // The second window straddles attention_long's threshold (spans over 1,024 rows:
+        // The second window straddles the long kernels' threshold (spans over 1,024 rows:
         // its row 34, at 1024, is the first long one; backend-cuda attention_long.rs).
         for (start, rows) in [(1100, [0usize, 51, 52, 63]), (990, [0, 33, 34, 63])] {
             let window: Vec<i32> = (start..start + 64).collect();
