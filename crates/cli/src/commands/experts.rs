@@ -48,10 +48,13 @@ pub struct ExpertArgs {
     /// Decode: up to N of a layer's non-resident experts are uploaded over PCIe into the
     /// staging buffers and computed on the device while the CPU pool computes the others
     /// (0: the pool computes them all; auto: as many as keep both sides busy, measured
-    /// layer by layer). Auto is the default: on the H200 machine (16 cores) it took
-    /// no-cache decode from 46.1 to 52.3-53.6 tokens/s and kept 25%/50% caches' decode
-    /// (BENCHMARKS.md, issue 7, session 10).
-    #[arg(long = "stream-experts", default_value = "auto", value_name = "N|auto")]
+    /// layer by layer). On the H200 machine (16 cores) auto took no-cache decode from 46.1
+    /// to 52.3-53.6 tokens/s (BENCHMARKS.md, issue 7, session 10). Off by default: a
+    /// streamed expert is computed by the device's kernels instead of the CPU's, which
+    /// round differently, so with auto (timing decides) greedy output can change from run
+    /// to run, and with any N a speculative window can decide other tokens than plain
+    /// decode (its misses split differently).
+    #[arg(long = "stream-experts", default_value = "0", value_name = "N|auto")]
     pub stream_experts: String,
     /// Page-lock the mapped model file for the GPU, so experts go from it to the device by
     /// DMA without a host copy (auto: when the file takes at most 3/4 of the memory).

@@ -1,0 +1,322 @@
+//! The variant table's choices and the constants it shares with the kernels.
+
+use super::*;
+use strata_core::{Access, RawBuffer};
+
+#[test]
+fn variants_apply_to_one_token_launches_only() {
+    let buf = KernelArg::Buffer {
+        buf: RawBuffer(0x1000),
+        offset: 0,
+        bytes: 0,
+        access: Access::Read,
+    };
+    let mul_mat = |n| {
+        [
+            buf,
+            buf,
+            buf,
+            KernelArg::U32(12),
+            KernelArg::U32(64),
+            KernelArg::U32(256),
+            KernelArg::U32(n),
+        ]
+    };
+    let v = VARIANTS.iter().find(|v| v.func == "mul_mat_vec").unwrap();
+    assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
+    assert!((v.applies)(&mul_mat(8), 0).is_none());
+    assert!((v.applies)(&mul_mat(1)[..6], 0).is_none());
+    // Tensor cores for 16 tokens and more, when the tile fits the shared memory.
+    let mma = VARIANTS.iter().find(|v| v.func == "mul_mat_mma").unwrap();
+    assert!((mma.applies)(&mul_mat(8), 232_448).is_none());
+    // Q4_K, 256 values: 64 rows of 144 bytes (+ pad) and 32 tokens of 256 (+ pad) + scales.
+    let bytes = 64 * (144 + 16) + 32 * (256 + 16) + 32 * 8 * 8;
+    assert_eq!((mma.applies)(&mul_mat(16), 232_448), Some(bytes));
+    assert!((mma.applies)(&mul_mat(16), bytes - 1).is_some_and(|b| b < bytes));
+    assert!((mma.applies)(&mul_mat(16), 1000).is_none());
+    let mut f16 = mul_mat(64);
+    f16[3] = KernelArg::U32(1);
+    assert!((mma.applies)(&f16, 232_448).is_none());
+}
+
+#[test]
+fn cached_experts_group_windows_only() {
+    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
+    let cached = |n: u32, used: u32, n_expert: u32| {
+        let mut a = vec![buf; 5];
+        a.extend([12, 768, 2048, n, used, 0, n_expert].map(KernelArg::U32));
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+        a
+    };
+    let v = VARIANTS
+        .iter()
+        .find(|v| v.func == "mul_mat_experts_cached_grouped")
+        .unwrap();
+    assert_eq!(v.of, KernelId::MulMatExpertsCached);
+    assert!((v.applies)(&cached(1, 8, 128), 0).is_none());
+    assert!((v.applies)(&cached(2, 8, 128), 0).is_none());
+    assert_eq!((v.applies)(&cached(5, 8, 128), 0), Some(0));
+    let grid = v.grid.unwrap();
+    // 40 pairs over at most 40 experts, 48 units of 16 rows each.
+    assert_eq!(grid(&cached(5, 8, 128), 256), Some(40 * 48));
+    // 512 pairs, but 128 experts and the invalid-id rank.
+    assert_eq!(grid(&cached(64, 8, 128), 256), Some(129 * 48));
+}
+
+#[test]
+fn cached_experts_multi_takes_windows_of_up_to_64_pairs() {
+    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+    let cached = |n: u32, used: u32, n_expert: u32| {
+        let mut a = vec![buf; 5];
+        a.extend([12, 768, 2048, n, used, 0, n_expert].map(KernelArg::U32));
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+        a
+    };
+    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[pos("mul_mat_experts_cached_multi")];
+    assert_eq!(v.of, KernelId::MulMatExpertsCached);
+    // Listed before the grouped form, which would otherwise take windows of 3 or more.
+    assert!(pos("mul_mat_experts_cached_multi") < pos("mul_mat_experts_cached_grouped"));
+    assert!((v.applies)(&cached(1, 8, 128), 0).is_none());
+    for n in 2..=8 {
+        assert_eq!((v.applies)(&cached(n, 8, 128), 0), Some(0), "{n} tokens");
+    }
+    assert!((v.applies)(&cached(9, 8, 128), 0).is_none());
+    // 8 tokens of 16 experts: 128 pairs, more than the kernel groups.
+    assert!((v.applies)(&cached(8, 16, 128), 0).is_none());
+    assert!((v.applies)(&cached(4, 16, 128), 0).is_some());
+    assert!((v.applies)(&cached(5, 8, 128)[..8], 0).is_none());
+    let grid = v.grid.unwrap();
+    // 40 pairs over at most 40 experts, 48 units of 16 rows each; 8 of 6 experts (and
+    // the invalid ids' rank): 7.
+    assert_eq!(grid(&cached(5, 8, 128), 256), Some(40 * 48));
+    assert_eq!(grid(&cached(2, 4, 6), 256), Some(7 * 48));
+    // 4 warps a block: units of 8 rows.
+    assert_eq!(grid(&cached(5, 8, 128), 128), Some(40 * 96));
+}
+
+#[test]
+fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
+    // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
+    let mul_mat = |ty, m, k, n| {
+        let u = KernelArg::U32;
+        [KernelArg::U64(0x1000); 3]
+            .into_iter()
+            .chain([u(ty), u(m), u(k), u(n)])
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[find("mul_mat_vec_q8")];
+    let applies = |ty, m, k, n| (v.applies)(&mul_mat(ty, m, k, n).collect::<Vec<_>>(), 0);
+    // Q4_K, 4,096 values: 4 warps x 4 steps of 4 blocks of 144 bytes (+ 30 slack, in
+    // 16-byte segments).
+    assert_eq!(applies(12, 2048, 4096, 1), Some(4 * 4 * 592));
+    // Q8_0, 20,480 values: 8 steps staged (of 32 blocks of 34 bytes).
+    assert_eq!(applies(8, 16, 20_480, 1), Some(4 * 8 * 1104));
+    assert_eq!(applies(12, 2048, 65_536, 1), Some(4 * 8 * 592));
+    // Not: two tokens, none, a float format, a row past the scratch, not whole blocks.
+    assert!(applies(12, 2048, 4096, 2).is_none());
+    assert!(applies(12, 2048, 4096, 0).is_none());
+    assert!(applies(1, 2048, 4096, 1).is_none());
+    assert!(applies(12, 2048, 65_536 + 256, 1).is_none());
+    assert!(applies(12, 2048, 4000, 1).is_none());
+    // Every stage fits the 48 KiB a block has without opting in.
+    for ty in [
+        2u32, 3, 6, 7, 8, 10, 11, 12, 13, 14, 16, 17, 18, 20, 21, 22, 23, 39,
+    ] {
+        assert!(
+            applies(ty, 64, 65_536, 1).is_some_and(|b| b <= 48 * 1024),
+            "{ty}"
+        );
+    }
+    // Its grid: a row a warp of up to 4, whatever grid the launch had.
+    let grid = v.grid.unwrap();
+    let args: Vec<_> = mul_mat(12, 2050, 4096, 1).collect();
+    assert_eq!(grid(&args, 128), Some(513));
+    assert_eq!(grid(&args, 256), Some(513));
+    assert_eq!(grid(&args, 64), Some(1025));
+    assert!(v.grid_exact);
+    // The activation quantised first: 256 values a block.
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!((pre.grid)(&args), Some(16));
+    // Before mul_mat_vec, which keeps the launches it declines (for_launch takes the
+    // first variant that applies); the scratch holds the longest row it takes.
+    assert!(find("mul_mat_vec_q8") < find("mul_mat_vec"));
+    assert_eq!(MVQ_SCRATCH_BYTES, 65_536 + 65_536 / 32 * 8);
+}
+
+#[test]
+fn experts_gate_up_q8_takes_one_token() {
+    // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, eb_g, eb_u)
+    let args = |n_tokens| {
+        let u = KernelArg::U32;
+        let mut a = vec![KernelArg::U64(0x1000); 5];
+        a.extend([u(12), u(768), u(2048), u(n_tokens), u(8)]);
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(1 << 20)]);
+        a
+    };
+    let v = VARIANTS
+        .iter()
+        .find(|v| v.func == "experts_gate_up_q8")
+        .unwrap();
+    assert_eq!(v.of, KernelId::ExpertsGateUp);
+    // Q4_K, 2,048 values: 4 warps x 2 rows x 2 steps of 592 bytes.
+    assert_eq!((v.applies)(&args(1), 0), Some(4 * 2 * 2 * 592));
+    assert!((v.applies)(&args(2), 0).is_none());
+    // Q8_0's 65,536 values: 5 steps of 1,104 bytes fit 48 KiB, not 8.
+    let mut q8 = args(1);
+    (q8[5], q8[7]) = (KernelArg::U32(8), KernelArg::U32(65_536));
+    assert_eq!((v.applies)(&q8, 0), Some(4 * 2 * 5 * 1104));
+    // 768 rows in units of 4, per slot.
+    assert_eq!((v.grid.unwrap())(&args(1), 128), Some(192 * 8));
+    assert_eq!((v.pre.as_ref().unwrap().grid)(&args(1)), Some(8));
+}
+
+#[test]
+fn mul_mat_experts_q8_takes_one_token() {
+    // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, bytes)
+    let args = |k, n_tokens, per_slot| {
+        let u = KernelArg::U32;
+        let mut a = vec![KernelArg::U64(0x1000); 4];
+        a.extend([u(12), u(2048), u(k), u(n_tokens), u(8), u(per_slot)]);
+        a.push(KernelArg::U64(1 << 20));
+        a
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[find("mul_mat_experts_q8")];
+    // The down projection's shape: 8 slots' rows of 768 values, one step staged.
+    assert_eq!((v.applies)(&args(768, 1, 1), 0), Some(4 * 592));
+    assert!((v.applies)(&args(768, 2, 1), 0).is_none());
+    // 8 rows of 8,192 values fill the scratch's 80 KiB; of 8,448, past it (one fits).
+    assert!((v.applies)(&args(8192, 1, 1), 0).is_some());
+    assert!((v.applies)(&args(8448, 1, 1), 0).is_none());
+    assert!((v.applies)(&args(8448, 1, 0), 0).is_some());
+    assert_eq!((v.grid.unwrap())(&args(768, 1, 1), 128), Some(512 * 8));
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!((pre.grid)(&args(768, 1, 1)), Some(8 * 3));
+    assert_eq!((pre.grid)(&args(768, 1, 0)), Some(3));
+    // Before mul_mat_experts_vec, which keeps what it declines.
+    assert!(find("mul_mat_experts_q8") < find("mul_mat_experts_vec"));
+}
+
+#[test]
+fn attention_prefill_applies_to_long_launches_it_can_take() {
+    let buf = KernelArg::Buffer {
+        buf: RawBuffer(0x1000),
+        offset: 0,
+        bytes: 0,
+        access: Access::Read,
+    };
+    let attention = |n_tokens, n_head, n_kv_head, head_dim| {
+        [
+            buf,
+            buf,
+            buf,
+            buf,
+            buf,
+            KernelArg::U32(n_tokens),
+            KernelArg::U32(n_head),
+            KernelArg::U32(n_kv_head),
+            KernelArg::U32(head_dim),
+            KernelArg::U32(4096),
+            KernelArg::F32(0.1),
+        ]
+    };
+    let v = VARIANTS
+        .iter()
+        .find(|v| v.func == "attention_prefill")
+        .unwrap();
+    // Its grid: 16 tokens x 8 query heads a 256-thread tile, per K/V head.
+    let grid = v.grid.unwrap();
+    assert_eq!(grid(&attention(4096, 32, 4, 128), 256), Some(1024));
+    assert_eq!(grid(&attention(65, 32, 4, 128), 256), Some(20));
+    assert_eq!(grid(&attention(100, 8, 2, 64), 128), Some(14));
+    // 384 staged rows of 136 f16 for head_dim 128.
+    assert_eq!(
+        (v.applies)(&attention(65, 32, 4, 128), 232_448),
+        Some(104_448)
+    );
+    assert_eq!(
+        (v.applies)(&attention(512, 8, 2, 64), 232_448),
+        Some(55_296)
+    );
+    assert!((v.applies)(&attention(64, 32, 4, 128), 232_448).is_none());
+    assert!((v.applies)(&attention(512, 32, 4, 128), 104_447).is_none());
+    assert!((v.applies)(&attention(512, 32, 4, 80), 232_448).is_none());
+    assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
+    assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
+    assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
+}
+
+#[test]
+fn flash_attention_is_preferred_over_attention_long() {
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    // for_launch takes the first variant that applies: attention_flash where it does,
+    // attention_long for what it declines (or when STRATA_CUDA_SKIP leaves it out).
+    assert!(find("attention_flash") < find("attention_long"));
+    assert!(find("attention_flash_q8") < find("attention_long_q8"));
+    assert_eq!(VARIANTS[find("attention_flash")].of, KernelId::Attention);
+    assert_eq!(
+        VARIANTS[find("attention_flash_q8")].of,
+        KernelId::AttentionQ8
+    );
+    assert!(VARIANTS[find("attention_flash")].scratch);
+}
+
+#[test]
+fn mmq_variants_take_launches_of_more_than_64_tokens() {
+    let buf = KernelArg::Buffer {
+        buf: RawBuffer(0x1000),
+        offset: 0,
+        bytes: 0,
+        access: Access::Read,
+    };
+    let mul_mat = |ty, n| {
+        [
+            buf,
+            buf,
+            buf,
+            KernelArg::U32(ty),
+            KernelArg::U32(2048),
+            KernelArg::U32(2048),
+            KernelArg::U32(n),
+        ]
+    };
+    let experts = |n| {
+        let u = KernelArg::U32;
+        [
+            buf,
+            buf,
+            buf,
+            buf,
+            u(12),
+            u(768),
+            u(2048),
+            u(n),
+            u(8),
+            u(0),
+            KernelArg::U64(1),
+        ]
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let (dense, experts_v) = (
+        &VARIANTS[find("mul_mat_mmq")],
+        &VARIANTS[find("mul_mat_experts_mmq")],
+    );
+    // Q4_K: raw rows of 144 bytes in 11 segments of 16 (an odd count), see mmq_layout.
+    let bytes = 128 * 272 + 8 * 128 * 16 + 128 * 176 + 64 * 272 + 8 * 64 * 16;
+    assert_eq!(bytes, 99_328);
+    assert_eq!((dense.applies)(&mul_mat(12, 65), 232_448), Some(bytes));
+    assert!((dense.applies)(&mul_mat(12, 64), 232_448).is_none());
+    assert!((dense.applies)(&mul_mat(12, 65), bytes - 1).is_none());
+    assert!((dense.applies)(&mul_mat(1, 512), 232_448).is_none());
+    assert_eq!(
+        (experts_v.applies)(&experts(65), 232_448),
+        Some(bytes + 4096)
+    );
+    assert!((experts_v.applies)(&experts(64), 232_448).is_none());
+    // Listed before the bit-exact kernels, which keep 16..64 tokens (for_launch takes
+    // the first variant that applies).
+    assert!(find("mul_mat_mmq") < find("mul_mat_mma"));
+    assert!(find("mul_mat_experts_mmq") < find("mul_mat_experts_mma"));
+}
