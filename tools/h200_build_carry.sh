@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds what tools/h200_call.sh runs on the GPU machine into .carry/h200 (ignored by git;
+# ~32 MB, so a call carries it beside the ~30 MB tree): strata with CUDA, the CUDA test
+# binaries, pool_timing, the bench scripts and llama.cpp's trimmed source (LLAMA_TGZ, made by
+# ../shared/oracle/llama-cpp.sh fetch + pack; skipped when absent).
+#   LLAMA_TGZ=/path/llama.tgz tools/h200_build_carry.sh
+# then: run(command="bash tools/h200_call.sh tests synth profile llama", carry=[".carry/h200"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
+C=.carry/h200
+rm -rf "$C" && mkdir -p "$C"
+cargo build --release --features cuda -p strata-cli
+cargo build --release -p strata-engine --example pool_timing
+cargo test --release -p strata-backend-cuda --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, shutil, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], ".carry/h200/" + m["target"]["name"])
+'
+rm -f "$C/table_race" "$C/model_tables" "$C/conformance"  # no GPU needed / run when core changes
+cp "$CARGO_TARGET_DIR/release/strata" "$CARGO_TARGET_DIR/release/examples/pool_timing" "$C/"
+strip "$C"/*
+cp ci/bench-offload.sh ci/bench-kv-depth.sh ci/bench-spec-window.sh ci/bench-spec.sh "$C/"
+[ -f "${LLAMA_TGZ:-}" ] && cp "$LLAMA_TGZ" "$C/llama.tgz" && cp ../shared/oracle/llama-cpp.sh "$C/"
+git rev-parse HEAD > "$C/COMMIT"
+du -sh "$C"

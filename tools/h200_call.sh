@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One device call on the H200 machine from .carry/h200 (tools/h200_build_carry.sh): the
+# steps named, in order, within LIMIT seconds (default 570); each step's output goes to
+# /tmp/logs/<step>.txt and all of them to $OUT/logs.tgz (a call returns at most 8 files).
+#   bash tools/h200_call.sh tests synth profile llama kt-att window     (first call)
+#   bash tools/h200_call.sh depth                                        (the next, warm)
+# Steps: tests (the CUDA test binaries, first and alone: a cold NVRTC compile under a
+# llama.cpp build took over 150 s a binary), synth (the skewed Qwen3-30B-A3B-shaped Q4_K file
+# into /dev/shm), profile (strata profile of 16 random prompts), llama (build llama.cpp in the
+# background; later steps that need it wait), offload (ci/bench-offload.sh), depth
+# (ci/bench-kv-depth.sh at a 50% cache; DEPTHS, KVS), window (ci/bench-spec-window.sh K=4 at
+# a 50% cache), kt-att / kt-win (per-kernel profiles at 32K / of a window), pool (pool_timing
+# at 16 and 8 threads). A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
+set -u
+C=$PWD/.carry/h200
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/usr/local/cuda/bin:$PATH RUST_BACKTRACE=1
+S=$C/strata D=/dev/shm/sb L=/tmp/logs LB=/tmp/lc/llama.cpp/build/bin
+F=$D/qwen3-30b-a3b-shape-Q4_K-skew1.0.gguf P=$D/profile.json
+mkdir -p "$D" "$L"
+T0=$(date +%s)
+trap 'tar czf "${OUT:-/tmp}/logs.tgz" -C /tmp logs 2>/dev/null' EXIT
+stamp() { echo "[$(($(date +%s) - T0))s] $*"; }
+left() { echo $((${LIMIT:-570} - ($(date +%s) - T0))); }
+# run NAME TIMEOUT CMD...: output to $L/NAME.txt; prints the lines that matter
+run() {
+  local name=$1 to=$2; shift 2
+  [ "$(left)" -lt 15 ] && { stamp "SKIP $name (time)"; return; }
+  [ "$to" -gt "$(left)" ] && to=$(left)
+  timeout "$to" "$@" > "$L/$name.txt" 2>&1
+  stamp "$name rc=$?"
+  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|panicked|error" "$L/$name.txt" | head -12
+}
+wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
+DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
+B="$S bench -m $F --backend cuda --cpu-threads 16 --profile $P --expert-cache 3072"
+for step in "$@"; do
+  case $step in
+    tests) for t in cuda_backend model_ops matvec_q8 experts_cached_multi attention_flash model_logits; do
+             [ -x "$C/$t" ] && run "test-$t" 300 "$C/$t" --test-threads=1; done ;;
+    synth) [ -f "$F" ] || run synth 120 "$S" synth --arch qwen3moe --layers 48 --hidden 2048 --heads 32 \
+             --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 \
+             --quant Q4_K --router-skew 1.0 --seed 1 -o "$F" ;;
+    profile) python3 -c "
+import random
+random.seed(7)
+w = 'the of and to in is was for on that with as by at from his her it an are were which this'.split()
+for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D/prompts.txt"
+             run profile 120 "$S" profile -m "$F" --backend cuda --raw --prompts "$D/prompts.txt" -n 32 \
+               --cpu-threads 16 -o "$P" ;;
+    llama) [ -x "$LB/llama-bench" ] || { (nice -n 19 bash "$C/llama-cpp.sh" build-cuda "$C/llama.tgz" /tmp/lc \
+             > "$L/llama-build.txt" 2>&1) & LP=$!; } ;;
+    offload) wait_llama && run offload 420 env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/off" REPS=1 \
+               THREADS=16 STRATA_ARGS="${STRATA_ARGS:---stream-experts auto}" bash "$C/bench-offload.sh" ;;
+    depth) wait_llama && run depth "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/depth" \
+             DEPTHS="${DEPTHS:-4096 32768}" KVS="${KVS:-f16 int8}" LLAMA_ARGS="--n-cpu-moe 22 -t 16" \
+             STRATA_ARGS="--expert-cache 3072 --profile $P --cpu-threads 16" bash "$C/bench-kv-depth.sh" "$F" ;;
+    window) run window 120 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=3 \
+              EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    kt-att) run kt-att 90 env STRATA_KERNEL_TIMING=1 $B -p 0 -d 32768 -n 32
+            run kt-att-long 90 env STRATA_KERNEL_TIMING=1 STRATA_CUDA_SKIP=$DEF,attention_flash,attention_flash_q8 \
+              $B -p 0 -d 32768 -n 32 ;;
+    kt-win) run kt-win 90 env STRATA_KERNEL_TIMING=1 $B -p 64 -n 128 -r 1 --spec-window-cost 4 ;;
+    pool) for th in 16 8; do run "pool-$th" 60 env STRATA_KERNEL_TIMING=1 STRATA_POOL_BENCH_FILE="$F" \
+            STRATA_POOL_BENCH_THREADS=$th "$C/pool_timing"; done ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+done
+[ -n "${LP:-}" ] && { wait "$LP"; stamp "llama build: $(tail -1 "$L/llama-build.txt")"; }
+stamp done
