@@ -9,8 +9,7 @@
 use strata_core::KernelArg;
 
 use crate::attention_long::{
-    ATT_LONG_COUNTERS, ATT_LONG_MAX_CLUSTERS, ATT_LONG_MAX_TOKENS, ATT_LONG_MIN_SPAN,
-    ATT_LONG_SCRATCH_AT, u32_arg, units,
+    ATT_LONG_COUNTERS, ATT_LONG_SCRATCH_AT, long_span_applies, long_span_grid,
 };
 
 /// The only head dimension the kernels take (ATT_FLASH_HEAD_DIM): others run
@@ -35,37 +34,16 @@ const _: () = assert!(crate::variants::SCRATCH_BYTES >= ATT_FLASH_SCRATCH_END);
 /// launch's tokens, so a row takes the same path in a launch of one token and in one of 64.
 /// attention(q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale)
 pub(crate) fn attention_flash_applies(args: &[KernelArg], _limit: u32) -> Option<u32> {
-    let (n_tokens, n_head, n_kv_head, head_dim, n_ctx) = (
-        u32_arg(args, 5)?,
-        u32_arg(args, 6)?,
-        u32_arg(args, 7)?,
-        u32_arg(args, 8)?,
-        u32_arg(args, 9)?,
-    );
-    if n_tokens == 0 || n_tokens > ATT_LONG_MAX_TOKENS || n_ctx <= ATT_LONG_MIN_SPAN {
-        return None;
-    }
-    if n_kv_head == 0 || n_head % n_kv_head != 0 || head_dim != ATT_FLASH_HEAD_DIM {
-        return None;
-    }
-    let max_units = units(ATT_LONG_MAX_TOKENS, n_head, n_kv_head)?;
-    let partial = u64::from(ATT_LONG_MAX_TOKENS)
-        * u64::from(n_head)
-        * u64::from(ATT_FLASH_GROUPS)
-        * (u64::from(head_dim) + 2)
-        * 4;
-    (max_units <= ATT_LONG_COUNTERS as u64 && partial <= ATT_FLASH_PARTIAL_BYTES as u64)
-        .then_some(0)
+    long_span_applies(args, ATT_FLASH_GROUPS, ATT_FLASH_PARTIAL_BYTES, |d| {
+        d == ATT_FLASH_HEAD_DIM
+    })
 }
 
 /// The flash kernels' grid (blocks): a cluster per work item (group, unit), at most
 /// ATT_LONG_MAX_CLUSTERS (a grid-stride loop takes the rest); the kernel skips the items a
 /// unit does not have, so the grid depends on the launch's shape, never on the positions.
 pub(crate) fn attention_flash_grid(args: &[KernelArg], _block_threads: u32) -> Option<u32> {
-    let (n_tokens, n_head, n_kv_head) = (u32_arg(args, 5)?, u32_arg(args, 6)?, u32_arg(args, 7)?);
-    let items = units(n_tokens, n_head, n_kv_head)? * u64::from(ATT_FLASH_GROUPS);
-    let clusters = items.clamp(1, ATT_LONG_MAX_CLUSTERS);
-    u32::try_from(clusters * u64::from(ATT_FLASH_GROUP)).ok()
+    long_span_grid(args, ATT_FLASH_GROUPS, ATT_FLASH_GROUP)
 }
 
 #[cfg(test)]

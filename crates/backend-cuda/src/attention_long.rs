@@ -57,6 +57,18 @@ pub(crate) fn units(n_tokens: u32, n_head: u32, n_kv_head: u32) -> Option<u64> {
 /// result never depends on its batch.
 /// attention(q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale)
 pub(crate) fn attention_long_applies(args: &[KernelArg], _limit: u32) -> Option<u32> {
+    long_span_applies(args, ATT_LONG_GROUPS, ATT_LONG_PARTIAL_BYTES, |d| d != 0)
+}
+
+/// What the long-span kernels (these and attention_flash.rs's) ask of a launch: the
+/// conditions above for `groups` groups a unit, whose results fit `partial_bytes`, and a
+/// head dimension `head_dim_ok` takes.
+pub(crate) fn long_span_applies(
+    args: &[KernelArg],
+    groups: u32,
+    partial_bytes: usize,
+    head_dim_ok: fn(u32) -> bool,
+) -> Option<u32> {
     let (n_tokens, n_head, n_kv_head, head_dim, n_ctx) = (
         u32_arg(args, 5)?,
         u32_arg(args, 6)?,
@@ -67,16 +79,16 @@ pub(crate) fn attention_long_applies(args: &[KernelArg], _limit: u32) -> Option<
     if n_tokens == 0 || n_tokens > ATT_LONG_MAX_TOKENS || n_ctx <= ATT_LONG_MIN_SPAN {
         return None;
     }
-    if n_kv_head == 0 || n_head % n_kv_head != 0 || head_dim == 0 {
+    if n_kv_head == 0 || n_head % n_kv_head != 0 || !head_dim_ok(head_dim) {
         return None;
     }
     let max_units = units(ATT_LONG_MAX_TOKENS, n_head, n_kv_head)?;
     let partial = u64::from(ATT_LONG_MAX_TOKENS)
         * u64::from(n_head)
-        * u64::from(ATT_LONG_GROUPS)
+        * u64::from(groups)
         * (u64::from(head_dim) + 2)
         * 4;
-    (max_units <= ATT_LONG_COUNTERS as u64 && partial <= ATT_LONG_PARTIAL_BYTES as u64).then_some(0)
+    (max_units <= ATT_LONG_COUNTERS as u64 && partial <= partial_bytes as u64).then_some(0)
 }
 
 /// The long kernels' grid (blocks): a cluster per work item (unit, group), at most
@@ -84,10 +96,16 @@ pub(crate) fn attention_long_applies(args: &[KernelArg], _limit: u32) -> Option<
 /// a short span past its first), so the grid depends on the launch's shape, never on the
 /// positions (which a captured graph changes between replays).
 pub(crate) fn attention_long_grid(args: &[KernelArg], _block_threads: u32) -> Option<u32> {
+    long_span_grid(args, ATT_LONG_GROUPS, ATT_LONG_GROUP)
+}
+
+/// A cluster of `cluster` blocks per work item, `groups` items a unit, at most
+/// ATT_LONG_MAX_CLUSTERS clusters (the kernels take the rest in a grid-stride loop).
+pub(crate) fn long_span_grid(args: &[KernelArg], groups: u32, cluster: u32) -> Option<u32> {
     let (n_tokens, n_head, n_kv_head) = (u32_arg(args, 5)?, u32_arg(args, 6)?, u32_arg(args, 7)?);
-    let items = units(n_tokens, n_head, n_kv_head)? * u64::from(ATT_LONG_GROUPS);
+    let items = units(n_tokens, n_head, n_kv_head)? * u64::from(groups);
     let clusters = items.clamp(1, ATT_LONG_MAX_CLUSTERS);
-    u32::try_from(clusters * u64::from(ATT_LONG_GROUP)).ok()
+    u32::try_from(clusters * u64::from(cluster)).ok()
 }
 
 #[cfg(test)]
