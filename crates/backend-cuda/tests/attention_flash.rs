@@ -13,59 +13,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Mutex;
+#[path = "common/variants.rs"]
+mod variants;
 
-use strata_backend_cuda::{CudaOptions, LaunchOptions};
-use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg};
+use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg};
+use variants::{GPU, Rng, download, gpu, same_bits};
 
-static GPU: Mutex<()> = Mutex::new(());
-
-/// Device 0 with `skip` left out (every fused kernel in use), or `None` without a GPU.
-fn gpu(test: &str, skip: &str) -> Option<Device> {
-    let opts = CudaOptions {
-        launch: LaunchOptions {
-            skip_optional: skip.to_string(),
-            ..LaunchOptions::from_env()
-        },
-        ..CudaOptions::default()
-    };
-    match strata_backend_cuda::device_with(0, &opts) {
-        Ok(d) => Some(d),
-        Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
-            eprintln!("{test}: skipped, no CUDA device here ({e})");
-            None
-        }
-        Err(e) => panic!("a CUDA device is present but could not be opened: {e}"),
-    }
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [-scale, scale).
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| ((self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale)
-            .collect()
-    }
+/// `n` values uniform in [-scale, scale).
+fn random(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.f32() * scale).collect()
 }
 
 fn upload<T: bytemuck::Pod>(dev: &Device, data: &[T]) -> DeviceBuffer<T> {
     dev.alloc_from(data, dev.main_stream()).expect("upload")
-}
-
-fn download<T: bytemuck::Pod>(dev: &Device, buf: &DeviceBuffer<T>) -> Vec<T> {
-    dev.download(buf, dev.main_stream())
-        .expect("download")
-        .wait()
-        .expect("kernel result")
 }
 
 /// Qwen3-30B-A3B's attention heads.
@@ -137,7 +97,7 @@ fn attend(
     let cfg = LaunchCfg::linear(n * N_HEAD * 256, 256);
     d.launch(kernel, &cfg, &args, d.main_stream())
         .expect("launch");
-    download(d, &out)
+    download(d, &out, d.main_stream())
 }
 
 /// Largest |a - b| (NaN when a value is not finite).
@@ -152,10 +112,6 @@ fn max_diff(a: &[f32], b: &[f32]) -> f64 {
     })
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 #[test]
 fn attention_flash_and_long_match_the_cpu_at_32k() {
     let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
@@ -167,8 +123,8 @@ fn attention_flash_and_long_match_the_cpu_at_32k() {
     let cpu = strata_backend_cpu::device(Default::default()).expect("cpu device");
     let mut rng = Rng(0x5eed_f1a5 | 1);
     let ctx = 32_768;
-    let k = rng.vec(ctx * KV_DIM, 2.0);
-    let v = rng.vec(ctx * KV_DIM, 1.0);
+    let k = random(&mut rng, ctx * KV_DIM, 2.0);
+    let v = random(&mut rng, ctx * KV_DIM, 1.0);
     let mut failures = Vec::new();
     for q8 in [false, true] {
         let fmt = if q8 { "attention_q8" } else { "attention" };
@@ -194,7 +150,7 @@ fn attention_flash_and_long_match_the_cpu_at_32k() {
             (32_763..32_768).collect(),
         ];
         for pos in &cases {
-            let q = rng.vec(pos.len() * ROW, 2.0);
+            let q = random(&mut rng, pos.len() * ROW, 2.0);
             let want = attend(&cpu, q8, &caches[0], &q, pos, ctx);
             let got = attend(&flash, q8, &caches[1], &q, pos, ctx);
             let old = attend(&long, q8, &caches[2], &q, pos, ctx);
