@@ -15,8 +15,9 @@ fn strata(args: &[&str]) -> Output {
         .expect("run strata")
 }
 
-fn synth_file() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("strata-window-cost-{}", std::process::id()));
+/// The file in a folder of its own per test (`name`), which the test removes.
+fn synth_file(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("tiny-qwen3moe.gguf");
     let path = file.to_str().unwrap();
@@ -74,7 +75,7 @@ fn f(v: &serde_json::Value, key: &str) -> f64 {
 
 #[test]
 fn window_cost_reports_consistent_figures() {
-    let file = synth_file();
+    let file = synth_file("window-cost");
     let n = 18;
     for (k, extra) in [
         (1, vec![]),
@@ -145,5 +146,37 @@ fn window_cost_reports_consistent_figures() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("hold no window"), "{stderr}");
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+}
+
+#[test]
+fn window_cost_profiles_steps_and_windows_per_kernel() {
+    // STRATA_KERNEL_TIMING=1 (the CPU backend times its kernels too): the last repetition's
+    // plain steps and windows, each over its own count, not the repetitions' pooled ones.
+    let file = synth_file("window-profile");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["bench", "-m", file.to_str().unwrap(), "--backend", "cpu"])
+        .args(["-p", "7", "-n", "18", "-r", "2", "--spec-window-cost", "4"])
+        .env("STRATA_KERNEL_TIMING", "1")
+        .output()
+        .expect("run strata");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for (head, count) in [
+        ("plain step profile:", "(17 steps)"),
+        ("window of 5 profile:", "(3 windows)"),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(head))
+            .unwrap_or_else(|| panic!("no `{head}` in {stderr}"));
+        assert!(line.ends_with(count), "{line}");
+    }
+    // Each profile lists the projections every step and window launches.
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("mul_mat ")).count(),
+        2,
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
 }
