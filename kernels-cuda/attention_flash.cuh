@@ -9,8 +9,9 @@
 // round), with only 256 blocks for a decode step at Qwen3's shape: ~465 GB/s at 32K rows.
 // Here a unit (token, K/V head, up to 8 query heads) whose span is longer than
 // ATT_LONG_MIN_SPAN is cut into pieces of att_flash_piece(span) rows at fixed positions (a
-// power of two from ATT_FLASH_MIN_PIECE, at most ATT_FLASH_PIECES pieces: 128 pieces of
-// 256 rows at 32K, 512 blocks for a decode step), groups of ATT_FLASH_GROUP pieces (a
+// power of two from ATT_FLASH_MIN_PIECE, at most ATT_FLASH_PIECES pieces: 32 pieces of
+// 1,024 rows at 32K, 128 blocks for a decode step, one wave on an H200; 128 pieces of 256
+// rows, 512 blocks in four waves, took 70.6 us a layer against 49.8 at 32K), groups of ATT_FLASH_GROUP pieces (a
 // cluster's, one piece a block). A piece is ATT_FLASH_SLICES slices at fixed positions;
 // warp w takes slices w, w + warps, ... and walks a slice 16 keys a step with K and V
 // loaded straight into registers (16-byte loads for the f16 cache; no shared memory, no
@@ -49,21 +50,23 @@
 #define ATT_FLASH_MIN_PIECE 128  // rows of a piece at least (8 slices of one 16-key step)
 #endif
 #ifndef ATT_FLASH_PIECES
-#define ATT_FLASH_PIECES 128  // pieces of a span at most
+#define ATT_FLASH_PIECES 32  // pieces of a span at most
 #endif
 #ifndef ATT_FLASH_GROUPS
-#define ATT_FLASH_GROUPS 8  // groups of a span at most
+#define ATT_FLASH_GROUPS 2  // groups of a span at most
 #endif
 #define ATT_FLASH_GROUP 16   // pieces of a group (a cluster's)
 #define ATT_FLASH_SLICES 8   // slices of a piece (a warp's each)
 #define ATT_FLASH_STEP 16    // keys a warp takes at once
-#define ATT_FLASH_AHEAD 48   // rows a warp asks L2 for ahead of its loads
+#ifndef ATT_FLASH_AHEAD
+#define ATT_FLASH_AHEAD 48  // rows a warp asks L2 for ahead of its loads
+#endif
 // The scratch (variants.rs, attention_flash.rs): the same per-unit counters as
 // attention_long (ATT_LONG_SCRATCH_AT; a stream runs one attention launch at a time and
 // each leaves them 0), then the groups' results, (head_dim + 2) floats per (token, query
 // head, group): the unnormalised output, the maximum (log2 units), the sum; room for 64
-// tokens of 64 query heads.
-#define ATT_FLASH_PARTIAL_BYTES 17039360
+// tokens of 64 query heads (64 x 64 x 2 x 130 x 4 bytes).
+#define ATT_FLASH_PARTIAL_BYTES 4259840
 static_assert(ATT_FLASH_GROUP * ATT_FLASH_GROUPS == ATT_FLASH_PIECES, "groups cover the pieces");
 static_assert(ATT_FLASH_MIN_PIECE % (ATT_FLASH_SLICES * ATT_FLASH_STEP) == 0, "whole steps a slice");
 static_assert(ATT_CLUSTER == 1 || ATT_CLUSTER == ATT_FLASH_GROUP, "a cluster takes a group");

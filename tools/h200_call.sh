@@ -10,7 +10,8 @@
 # background; later steps that need it wait), offload (ci/bench-offload.sh), depth
 # (ci/bench-kv-depth.sh at a 50% cache; DEPTHS, KVS), window (ci/bench-spec-window.sh K=4 at
 # a 50% cache), kt-att / kt-win (per-kernel profiles at 32K / of a window), pool (pool_timing
-# at 16 and 8 threads). A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
+# at 16 and 8 threads), kcache, sweep (SWEEP: kernel-cache variants at SWEEP_DEPTH), quick (two test binaries on
+# the cached kernels), cb (cuda_backend: compiles every module cold in a folder of its own). A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
 C=$PWD/.carry/h200
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/usr/local/cuda/bin:$PATH RUST_BACKTRACE=1
@@ -28,7 +29,7 @@ run() {
   [ "$to" -gt "$(left)" ] && to=$(left)
   timeout "$to" "$@" > "$L/$name.txt" 2>&1
   stamp "$name rc=$?"
-  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|panicked|error" "$L/$name.txt" | head -12
+  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|panicked|error" "$L/$name.txt" | head -12
 }
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
@@ -51,15 +52,42 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
              > "$L/llama-build.txt" 2>&1) & LP=$!; } ;;
     offload) wait_llama && run offload 420 env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/off" REPS=1 \
                THREADS=16 STRATA_ARGS="${STRATA_ARGS:---stream-experts auto}" bash "$C/bench-offload.sh" ;;
-    depth) wait_llama && run depth "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/depth" \
-             DEPTHS="${DEPTHS:-4096 32768}" KVS="${KVS:-f16 int8}" LLAMA_ARGS="--n-cpu-moe 22 -t 16" \
-             STRATA_ARGS="--expert-cache 3072 --profile $P --cpu-threads 16" bash "$C/bench-kv-depth.sh" "$F" ;;
+    depth) # DEPTH_RUNS ("int8:32768 f16:131072": one bench-kv-depth run each), else DEPTHS x KVS
+           wait_llama && for r in ${DEPTH_RUNS:-${KVS:-f16 int8}:${DEPTHS:-4096 32768}}; do
+             kv=${r%%:*} d=${r#*:}; [ -n "${DEPTH_RUNS:-}" ] || { kv=${KVS:-f16 int8}; d=${DEPTHS:-4096 32768}; }
+             run "depth-${kv// /+}-${d// /+}" "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" \
+               OUT="$L/depth-${kv// /+}-${d// /+}" DEPTHS="$d" KVS="$kv" \
+               LLAMA_ARGS="--n-cpu-moe 22 -t 16 ${LLAMA_EXTRA:-}" \
+               STRATA_ARGS="--expert-cache 3072 --profile $P --cpu-threads 16" bash "$C/bench-kv-depth.sh" "$F"
+             [ -n "${DEPTH_RUNS:-}" ] || break
+           done ;;
     window) run window 120 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=3 \
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     kt-att) run kt-att 90 env STRATA_KERNEL_TIMING=1 $B -p 0 -d 32768 -n 32
             run kt-att-long 90 env STRATA_KERNEL_TIMING=1 STRATA_CUDA_SKIP=$DEF,attention_flash,attention_flash_q8 \
               $B -p 0 -d 32768 -n 32 ;;
     kt-win) run kt-win 90 env STRATA_KERNEL_TIMING=1 $B -p 64 -n 128 -r 1 --spec-window-cost 4 ;;
+    kcache) # kernel caches built here by precompile_kernels (tools/h200_build_carry.sh,
+            # KCACHE_VARIANTS): /tmp/kc/NAME/kernels/sm_90, NAME/DEFINES; strata starts on the
+            # default's images instead of compiling model.cu (over a minute)
+            mkdir -p /tmp/kc && tar xJf "$C/kcache.tar.xz" -C /tmp/kc && export STRATA_CACHE_DIR=/tmp/kc/default
+            stamp "kernel caches: $(ls /tmp/kc | tr '\n' ' ')" ;;
+    sweep) # the long-span attention's tuning constants: each cached variant (STRATA_NVRTC_DEFINES
+           # from NAME/DEFINES), every expert resident, per-kernel times at SWEEP_DEPTH; the
+           # fastest attention launch's variant is kept for the later steps
+           best="" best_us=1e9
+           for v in ${SWEEP:-default p64 p32}; do
+             defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
+             run "sweep-$v" 150 env STRATA_KERNEL_TIMING=1 STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
+               "$S" bench -m "$F" --backend cuda -p 0 -d "${SWEEP_DEPTH:-32768}" -n 16 -r 1
+             us=$(awk '$1 == "attention" {print $4}' "$L/sweep-$v.txt" | head -1)
+             echo "  $v ($defs): attention ${us:-?} us a launch"
+             [ -n "$us" ] && awk "BEGIN {exit !($us < $best_us)}" && { best=$v; best_us=$us; }
+           done
+           [ -n "$best" ] && export STRATA_CACHE_DIR="/tmp/kc/$best" STRATA_NVRTC_DEFINES="$(cat "/tmp/kc/$best/DEFINES")"
+           stamp "sweep: kept ${best:-none} ($best_us us)" ;;
+    quick) for t in attention_flash model_ops model_logits; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
+    cb) [ -x "$C/cuda_backend" ] && run test-cuda_backend "${CB_LIMIT:-300}" "$C/cuda_backend" --test-threads=1 ;;
     pool) for th in 16 8; do run "pool-$th" 60 env STRATA_KERNEL_TIMING=1 STRATA_POOL_BENCH_FILE="$F" \
             STRATA_POOL_BENCH_THREADS=$th "$C/pool_timing"; done ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -1,6 +1,6 @@
 //! When the backend launches kernels-cuda/attention_flash.cuh's kernels (`attention_flash`,
 //! `attention_flash_q8`) in place of `attention` and `attention_q8`, ahead of
-//! attention_long's, and their grid. They cut a row of a long span into up to 128 pieces
+//! attention_long's, and their grid. They cut a row of a long span into up to 32 pieces
 //! (one block each, on tensor cores) in groups of 16 (a cluster each) and merge the groups'
 //! results through the stream's scratch buffer; the constants below are the header's (a
 //! test reads them back). `STRATA_CUDA_SKIP=...,attention_flash,attention_flash_q8` leaves
@@ -16,13 +16,13 @@ use crate::attention_long::{
 /// attention_long.
 pub(crate) const ATT_FLASH_HEAD_DIM: u32 = 128;
 /// Groups (clusters) a unit's span is cut into at most (ATT_FLASH_GROUPS).
-pub(crate) const ATT_FLASH_GROUPS: u32 = 8;
+pub(crate) const ATT_FLASH_GROUPS: u32 = 2;
 /// Blocks of a group: the kernels' cluster width on sm_90 (ATT_FLASH_GROUP).
 const ATT_FLASH_GROUP: u32 = 16;
 /// Bytes of the groups' results after attention_long's per-unit counters, which the
 /// kernels share (ATT_FLASH_PARTIAL_BYTES): (head_dim + 2) floats per (token, query head,
 /// group), for 64 tokens of up to 64 query heads of 128.
-pub(crate) const ATT_FLASH_PARTIAL_BYTES: usize = 17_039_360;
+pub(crate) const ATT_FLASH_PARTIAL_BYTES: usize = 4_259_840;
 /// Bytes of the scratch the flash kernels use, from its start.
 pub(crate) const ATT_FLASH_SCRATCH_END: usize =
     ATT_LONG_SCRATCH_AT + 4 * ATT_LONG_COUNTERS + ATT_FLASH_PARTIAL_BYTES;
@@ -73,8 +73,8 @@ mod tests {
             header_define("ATT_FLASH_PARTIAL_BYTES"),
             Some(ATT_FLASH_PARTIAL_BYTES as u64)
         );
-        // 64 tokens x 64 query heads x 8 groups x (128 + 2) floats.
-        assert_eq!(ATT_FLASH_PARTIAL_BYTES, 64 * 64 * 8 * 130 * 4);
+        // 64 tokens x 64 query heads x 2 groups x (128 + 2) floats.
+        assert_eq!(ATT_FLASH_PARTIAL_BYTES, 64 * 64 * 2 * 130 * 4);
     }
 
     #[test]
@@ -112,20 +112,20 @@ mod tests {
 
     #[test]
     fn flash_grid_is_a_cluster_per_item() {
-        // Decode at Qwen3's shape: 4 units of 8 groups, 32 clusters of 16 blocks.
+        // Decode at Qwen3's shape: 4 units of 2 groups, 8 clusters of 16 blocks.
         assert_eq!(
             attention_flash_grid(&attention(1, 32, 4, 128, 32_768), 256),
-            Some(512)
+            Some(128)
         );
         // Two head groups per K/V head (group of 12).
         assert_eq!(
             attention_flash_grid(&attention(1, 12, 1, 128, 4096), 256),
-            Some(2 * 8 * 16)
+            Some(2 * 2 * 16)
         );
-        // A 5-token window: 160 items, capped at 128 clusters; so are 64 tokens.
+        // A 5-token window: 40 items; 64 tokens' 512 are capped at 128 clusters.
         assert_eq!(
             attention_flash_grid(&attention(5, 32, 4, 128, 32_768), 256),
-            Some(128 * 16)
+            Some(40 * 16)
         );
         assert_eq!(
             attention_flash_grid(&attention(64, 32, 4, 128, 32_768), 256),

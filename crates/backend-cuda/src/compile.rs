@@ -23,6 +23,17 @@ const BASE_OPTIONS: &[&str] = &["--std=c++17"];
 /// Bump to invalidate every cached image (e.g. when the key's layout changes).
 const CACHE_FORMAT: &str = "strata-kernel-cache-v1";
 
+/// `-D` options from `STRATA_NVRTC_DEFINES` (space-separated `NAME=VALUE`, e.g.
+/// `ATT_FLASH_PIECES=32`): a kernel's tuning constant tried on a device without a rebuild.
+/// Part of the cache key.
+fn env_defines() -> Vec<String> {
+    std::env::var("STRATA_NVRTC_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|d| format!("-D{d}"))
+        .collect()
+}
+
 const NVRTC_SYMBOLS: &[&str] = &[
     "nvrtcVersion",
     "nvrtcCreateProgram",
@@ -87,6 +98,10 @@ pub(crate) fn cache_stem(module: &str, source: &str, headers: &[(&str, &str)]) -
     }
     for o in BASE_OPTIONS {
         parts.push(o.as_bytes());
+    }
+    let defines = env_defines();
+    for d in &defines {
+        parts.push(d.as_bytes());
     }
     format!("{module}-{:016x}", fnv1a(&parts))
 }
@@ -323,6 +338,9 @@ pub(crate) fn compile_for(
     let mut options: Vec<CString> = vec![cstr(&format!("--gpu-architecture={target}"))?];
     for o in BASE_OPTIONS {
         options.push(cstr(o)?);
+    }
+    for d in env_defines() {
+        options.push(cstr(&d)?);
     }
     let option_ptrs: Vec<*const c_char> = options.iter().map(|c| c.as_ptr()).collect();
     let fail = |call: &str, r: sys::nvrtcResult| {

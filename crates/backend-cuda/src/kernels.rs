@@ -4,7 +4,7 @@
 //! parameter array `cuLaunchKernel` reads.
 
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cudarc::driver::sys;
 use strata_core::{Error, KernelArg, KernelId};
@@ -13,7 +13,7 @@ use crate::compile::{self, Image, Origin};
 use crate::driver::{self, check};
 use crate::launch_options::{DependentLaunch, LaunchOptions};
 use crate::source_scan;
-use crate::variants::{VARIANTS, Variant, VariantGrid};
+use crate::variants::{ALIASES, VARIANTS, Variant, VariantGrid};
 
 include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 
@@ -21,6 +21,7 @@ include!(concat!(env!("OUT_DIR"), "/kernel_sources.rs"));
 pub(crate) const MAX_ARGS: usize = 40;
 
 /// One resolved kernel.
+#[derive(Clone)]
 pub(crate) struct KernelEntry {
     pub func: sys::CUfunction,
     /// Byte size of each parameter, when the driver can tell (`cuFuncGetParamInfo`).
@@ -141,6 +142,40 @@ fn load_image(image: &Image) -> Result<sys::CUmodule, Error> {
         sys::cuModuleLoadData(&mut m, image.bytes().as_ptr().cast())
     })?;
     Ok(m)
+}
+
+/// Fills `cache_root` with every module's image for compute capability `cc` without a
+/// device (NVRTC only): a machine or container image can be readied before the GPU run, and
+/// a tuning experiment (`STRATA_NVRTC_DEFINES`) costs no device time to compile. Returns each
+/// module, its image's path and whether it was compiled now (false: already cached).
+pub fn precompile(
+    cc: (u32, u32),
+    cache_root: &Path,
+) -> Result<Vec<(&'static str, PathBuf, bool)>, Error> {
+    let arch = format!("sm_{}{}", cc.0, cc.1);
+    let dir = cache_root.join(&arch);
+    let mut done = Vec::new();
+    for (module, source) in KERNEL_SOURCES {
+        if !KernelId::ALL.iter().any(|id| id.module() == *module) {
+            continue;
+        }
+        let stem = compile::cache_stem(module, source, KERNEL_HEADERS);
+        if let Some((_, path)) = compile::cached_image(&dir, &stem, &arch) {
+            done.push((*module, path, false));
+            continue;
+        }
+        let (image, target) =
+            compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?;
+        compile::store(&dir, &stem, &target, &image);
+        let (_, path) =
+            compile::cached_image(&dir, &stem, &arch).ok_or_else(|| Error::Compile {
+                module: module.to_string(),
+                arch: arch.clone(),
+                log: format!("the image could not be written under {}", dir.display()),
+            })?;
+        done.push((*module, path, true));
+    }
+    Ok(done)
 }
 
 /// Compiles (or takes from `cache_root`) and loads one module.
@@ -354,6 +389,9 @@ impl KernelTable {
                 }
             }
         }
+        for a in ALIASES {
+            table.entries[a.id.index()] = table.entries[a.runs.index()].clone();
+        }
         if cc.0 >= 9 && launch.dependent != DependentLaunch::Off {
             table.allow_dependent_launches(launch.dependent)?;
         }
@@ -382,7 +420,8 @@ impl KernelTable {
         };
         for (id, entry) in KernelId::ALL.iter().zip(self.entries.iter_mut()) {
             if let Some(e) = entry {
-                e.dependent_launch = waits(id.module(), id.name());
+                let runs = crate::variants::runs_as(*id).unwrap_or(*id);
+                e.dependent_launch = waits(runs.module(), runs.name());
             }
         }
         for lv in &mut self.variants {
@@ -394,7 +433,7 @@ impl KernelTable {
         Ok(())
     }
 
-    /// Leaves out the optional (module `fused`) kernels named in `list` (comma-separated,
+    /// Leaves out the optional (modules `fused` and `window`) kernels named in `list` (comma-separated,
     /// from `STRATA_CUDA_SKIP`): the engine then runs the op sequences they replace, so one
     /// run can compare the two or step around a faulty fused kernel without a rebuild.
     fn skip_optional(&mut self, list: Option<&str>) {
@@ -405,7 +444,7 @@ impl KernelTable {
             .filter(|n| !n.is_empty())
         {
             match KernelId::ALL.iter().find(|id| id.name() == name) {
-                Some(id) if id.module() == "fused" => {
+                Some(id) if id.module() == "fused" || id.module() == "window" => {
                     if let Some(e) = self.entries.get_mut(id.index()) {
                         *e = None;
                         tracing::info!("cuda: {name} left out (STRATA_CUDA_SKIP)");
@@ -427,10 +466,18 @@ impl KernelTable {
     pub fn for_launch(&self, id: KernelId, args: &[KernelArg]) -> Option<LaunchChoice<'_>> {
         // Only a defined kernel has variants (`supports` answers for the kernel).
         let kernel = self.get(id)?;
+        // A kernel run as another: that one's variants it allows, within its token limit.
+        let alias = ALIASES.iter().find(|a| a.id == id);
+        if let Some(a) = alias
+            && !matches!(args.get(5), Some(KernelArg::U32(n)) if *n <= a.max_tokens)
+        {
+            return None;
+        }
+        let of = alias.map_or(id, |a| a.runs);
         let chosen = self
             .variants
             .iter()
-            .filter(|lv| lv.v.of == id)
+            .filter(|lv| lv.v.of == of && alias.is_none_or(|a| a.variants.contains(&lv.v.func)))
             .find_map(|lv| {
                 let smem = (lv.v.applies)(args, lv.entry.max_dynamic_smem)?;
                 let pre = match (&lv.v.pre, &lv.pre) {

@@ -18,7 +18,9 @@ mod variants;
 
 pub use backend::{CudaBackend, CudaOptions};
 pub use compile::{Origin as ModuleOrigin, default_cache_dir, nvrtc_version};
+pub use kernels::precompile;
 pub use launch_options::{DependentLaunch, LaunchOptions};
+pub use variants::runs_as;
 
 use strata_core::{BackendKind, Device, DeviceInfo, Result};
 

@@ -524,5 +524,35 @@ pub(crate) const VARIANTS: &[Variant] = &[
     },
 ];
 
+/// A kernel the backend runs with another kernel's function and some of its variants,
+/// because they compute what it asks for.
+pub(crate) struct Alias {
+    pub id: KernelId,
+    pub runs: KernelId,
+    /// The variants of `runs` that may take its launches (the others never do).
+    pub variants: &'static [&'static str],
+    /// Most tokens (argument 5) a launch may have.
+    pub max_tokens: u32,
+}
+
+/// attention_rows (a verify window's rows, each as a one-token launch computes it):
+/// attention's kernel and its long-span variants compute each row of a launch of up to
+/// ATT_LONG_MAX_TOKENS tokens from that row's own span only, whatever the launch's other
+/// rows (attention.cuh, attention_long.cuh, attention_flash.cuh; the GPU tests check rows
+/// alone against rows in windows), so one launch replaces the window's one-token launches.
+/// The prefill variant (tiles over the batch, over ATTENTION_PER_ROW_MAX_TOKENS tokens)
+/// never takes them.
+pub(crate) const ALIASES: &[Alias] = &[Alias {
+    id: KernelId::AttentionRows,
+    runs: KernelId::Attention,
+    variants: &["attention_flash", "attention_long"],
+    max_tokens: crate::attention_long::ATT_LONG_MAX_TOKENS,
+}];
+
+/// The kernel whose function `id` runs on this backend, when it runs another's.
+pub fn runs_as(id: KernelId) -> Option<KernelId> {
+    ALIASES.iter().find(|a| a.id == id).map(|a| a.runs)
+}
+
 #[cfg(test)]
 mod tests;

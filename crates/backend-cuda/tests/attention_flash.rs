@@ -3,7 +3,7 @@
 //! backend, and attention_long (the same device with them left out,
 //! `STRATA_CUDA_SKIP=attention_flash,attention_flash_q8`) against the CPU on the same
 //! inputs: Qwen3-30B-A3B's heads (32 query heads over 4 K/V heads of 128) at 32K rows of
-//! context, one token at depths that take one piece, several pieces of one group and 8
+//! context, one token at depths that take one piece, several pieces of one group and 2
 //! groups, and a 5-token verify window at the end of the cache whose rows each give alone
 //! the bits they give in the window (the engine's spec identity), launched twice (the
 //! per-unit counters are back to 0, so a replay gives the same bits). The short rows of a
@@ -139,9 +139,9 @@ fn attention_flash_and_long_match_the_cpu_at_32k() {
             store(&flash, q8, ctx, &k, &v),
             store(&long, q8, ctx, &k, &v),
         ];
-        // One token: a short span (attention.cuh's path), one piece of 128 rows past the
-        // threshold, pieces of 128 in 2 groups, pieces of 256 in 8 groups (the last one
-        // partial); then a window at the end of the cache.
+        // One token: a short span (attention.cuh's path), one group of 9 pieces of 128 rows
+        // past the threshold, pieces of 128 in 2 groups, pieces of 1,024 in 2 groups (the
+        // last one partial); then a window at the end of the cache.
         let cases: [Vec<i32>; 5] = [
             vec![700],
             vec![1100],

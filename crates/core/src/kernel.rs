@@ -4,6 +4,10 @@ include!(concat!(env!("OUT_DIR"), "/kernel_ids.rs"));
 
 use crate::backend::RawBuffer;
 
+/// Most tokens one `attention_rows` launch may have (kernels.txt): a backend may run it as
+/// its `attention`, whose rows stay in one-token order only up to a batch this size.
+pub const ATTENTION_ROWS_MAX_TOKENS: u32 = 64;
+
 /// Grid and block shape of a launch, in CUDA's terms; the CPU backend reads the grid to
 /// split work across its threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

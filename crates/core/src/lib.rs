@@ -24,5 +24,7 @@ pub use buffer::{Args, DeviceBuffer, DeviceSlice, HostMemory, PinnedBuffer};
 pub use device::{Device, Event, MemoryReport, Stream, UploadCounts};
 pub use error::{Error, Hazard, HazardKind, Result, Site};
 pub use graph::Graph;
-pub use kernel::{Access, KERNEL_MODULES, KernelArg, KernelId, LaunchCfg};
+pub use kernel::{
+    ATTENTION_ROWS_MAX_TOKENS, Access, KERNEL_MODULES, KernelArg, KernelId, LaunchCfg,
+};
 pub use transfer::Pending;

@@ -1,7 +1,10 @@
 //! Typed launchers for the transformer kernels: the one place that knows each kernel's
 //! argument order (crates/core/kernels.txt). Every launch goes through the ordered API.
 
-use strata_core::{Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Result, Stream};
+use strata_core::{
+    ATTENTION_ROWS_MAX_TOKENS, Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg,
+    Result, Stream,
+};
 use strata_gguf::QuantType;
 
 use crate::hparams::Rope;
@@ -350,20 +353,31 @@ impl Ops<'_> {
         n_ctx: u32,
         scale: f32,
     ) -> Result<()> {
-        if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
-            let shape = (n_tokens, n_head, n_kv_head, head_dim, n_ctx);
-            let caches = (k_cache, v_cache);
-            return self.attention_kernel(
-                KernelId::AttentionRows,
-                q,
-                pos,
-                caches,
-                out,
-                shape,
-                scale,
-            );
-        }
         let row = (n_head * head_dim) as usize;
+        if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
+            // Launches of up to ATTENTION_ROWS_MAX_TOKENS rows, each from its own offset.
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let n = (n_tokens - t0).min(ATTENTION_ROWS_MAX_TOKENS);
+                let at = t0 as usize;
+                let args = Args::new()
+                    .read_at(q, at * row)
+                    .read_at(pos, at)
+                    .read_slice(k_cache)
+                    .read_slice(v_cache)
+                    .write_at(out, at * row)
+                    .u32(n)
+                    .u32(n_head)
+                    .u32(n_kv_head)
+                    .u32(head_dim)
+                    .u32(n_ctx)
+                    .f32(scale);
+                let cfg = blocks((n * n_head) as usize);
+                self.launch_cfg(KernelId::AttentionRows, cfg, args)?;
+                t0 += n;
+            }
+            return Ok(());
+        }
         for t in 0..n_tokens as usize {
             let args = Args::new()
                 .read_at(q, t * row)
