@@ -293,23 +293,27 @@ impl Ops<'_> {
         scale: f32,
     ) -> Result<()> {
         let shape = (n_tokens, n_head, n_kv_head, head_dim, n_ctx);
-        self.attention_kernel(
+        let caches = (k_cache, v_cache);
+        self.attention_launches(
             KernelId::Attention,
+            n_tokens,
             q,
             pos,
-            (k_cache, v_cache),
+            caches,
             out,
             shape,
             scale,
         )
     }
 
-    /// `attention` or `attention_rows` (the same arguments) over `n_tokens` rows; `shape`
-    /// is (n_tokens, n_head, n_kv_head, head_dim, n_ctx).
+    /// `kernel` (`attention` or `attention_rows`, the same arguments) over `n_tokens` rows
+    /// in launches of at most `most` rows, each reading and writing from its first row's
+    /// offset; `shape` is (n_tokens, n_head, n_kv_head, head_dim, n_ctx).
     #[allow(clippy::too_many_arguments)]
-    fn attention_kernel(
+    fn attention_launches(
         &self,
         kernel: KernelId,
+        most: u32,
         q: &DeviceBuffer<f32>,
         pos: &DeviceBuffer<i32>,
         caches: (DeviceSlice<'_, u16>, DeviceSlice<'_, u16>),
@@ -318,26 +322,34 @@ impl Ops<'_> {
         scale: f32,
     ) -> Result<()> {
         let (n_tokens, n_head, n_kv_head, head_dim, n_ctx) = shape;
-        let args = Args::new()
-            .read(q)
-            .read(pos)
-            .read_slice(caches.0)
-            .read_slice(caches.1)
-            .write(out)
-            .u32(n_tokens)
-            .u32(n_head)
-            .u32(n_kv_head)
-            .u32(head_dim)
-            .u32(n_ctx)
-            .f32(scale);
-        self.launch_cfg(kernel, blocks((n_tokens * n_head) as usize), args)
+        let row = (n_head * head_dim) as usize;
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(most.max(1));
+            let at = t0 as usize;
+            let args = Args::new()
+                .read_at(q, at * row)
+                .read_at(pos, at)
+                .read_slice(caches.0)
+                .read_slice(caches.1)
+                .write_at(out, at * row)
+                .u32(n)
+                .u32(n_head)
+                .u32(n_kv_head)
+                .u32(head_dim)
+                .u32(n_ctx)
+                .f32(scale);
+            self.launch_cfg(kernel, blocks((n * n_head) as usize), args)?;
+            t0 += n;
+        }
+        Ok(())
     }
 
     /// [`Ops::attention`] with every row computed in the one-token summation order of
-    /// decode (speculative decoding's verify windows): one `attention_rows` launch where
-    /// the device has it (the CPU backend: the window's rows share each K/V row read),
-    /// otherwise `n_tokens` one-token launches (row t reads q, pos and writes out from its
-    /// own offset).
+    /// decode (speculative decoding's verify windows): `attention_rows` launches of up to
+    /// ATTENTION_ROWS_MAX_TOKENS rows where the device has it (the CPU backend: the window's
+    /// rows share each K/V row read; CUDA: its attention), otherwise `n_tokens` one-token
+    /// launches.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_per_row(
         &self,
@@ -353,47 +365,16 @@ impl Ops<'_> {
         n_ctx: u32,
         scale: f32,
     ) -> Result<()> {
-        let row = (n_head * head_dim) as usize;
-        if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
-            // Launches of up to ATTENTION_ROWS_MAX_TOKENS rows, each from its own offset.
-            let mut t0 = 0;
-            while t0 < n_tokens {
-                let n = (n_tokens - t0).min(ATTENTION_ROWS_MAX_TOKENS);
-                let at = t0 as usize;
-                let args = Args::new()
-                    .read_at(q, at * row)
-                    .read_at(pos, at)
-                    .read_slice(k_cache)
-                    .read_slice(v_cache)
-                    .write_at(out, at * row)
-                    .u32(n)
-                    .u32(n_head)
-                    .u32(n_kv_head)
-                    .u32(head_dim)
-                    .u32(n_ctx)
-                    .f32(scale);
-                let cfg = blocks((n * n_head) as usize);
-                self.launch_cfg(KernelId::AttentionRows, cfg, args)?;
-                t0 += n;
-            }
-            return Ok(());
-        }
-        for t in 0..n_tokens as usize {
-            let args = Args::new()
-                .read_at(q, t * row)
-                .read_at(pos, t)
-                .read_slice(k_cache)
-                .read_slice(v_cache)
-                .write_at(out, t * row)
-                .u32(1)
-                .u32(n_head)
-                .u32(n_kv_head)
-                .u32(head_dim)
-                .u32(n_ctx)
-                .f32(scale);
-            self.launch_cfg(KernelId::Attention, blocks(n_head as usize), args)?;
-        }
-        Ok(())
+        // Launches of up to ATTENTION_ROWS_MAX_TOKENS rows where the device has
+        // attention_rows, else of one.
+        let (kernel, most) = if n_tokens > 1 && self.dev.supports(KernelId::AttentionRows) {
+            (KernelId::AttentionRows, ATTENTION_ROWS_MAX_TOKENS)
+        } else {
+            (KernelId::Attention, 1)
+        };
+        let shape = (n_tokens, n_head, n_kv_head, head_dim, n_ctx);
+        let caches = (k_cache, v_cache);
+        self.attention_launches(kernel, most, q, pos, caches, out, shape, scale)
     }
 
     #[allow(clippy::too_many_arguments)]
