@@ -47,11 +47,11 @@
 #define ATT_LONG_GROUPS 4   // groups of a span at most
 #define ATT_LONG_PREFETCH 2  // chunks a block asks L2 for ahead of its loads
 // The scratch (variants.rs ATT_LONG_*, checked against these by its tests): tokens a
-// launch may have, where the attention's part starts (after mul_mat_vec_q8's activation),
+// launch may have, where the attention's part starts (after matvec_q8.cuh's activation rows),
 // the per-unit counters (u32) and then the groups' results, (head_dim + 2) floats per
 // (token, query head, group): the unnormalised output, the maximum, the sum.
 #define ATT_LONG_MAX_TOKENS 64
-#define ATT_LONG_SCRATCH_AT 81920
+#define ATT_LONG_SCRATCH_AT 655360
 #define ATT_LONG_COUNTERS 16384
 #define ATT_LONG_PARTIAL_BYTES 8912896
 static_assert(ATT_LONG_GROUP * ATT_LONG_GROUPS == ATT_LONG_PIECES, "groups cover the pieces");

@@ -32,6 +32,7 @@
 #define MVQ_WARPS 4       // warps of a block that compute (the backend sizes shared memory for 4)
 #define MVQ_MAX_DEPTH 8   // steps of a row staged at once (longer rows in chunks of this many)
 #define MVQ_QUANT_VALUES 256 // activation values a block of quantise_act_q8 takes
+#define MVQ_TOKENS 8      // activation rows mul_mat_vec_q8_rows takes (a verify window's)
 
 // The quantised activation row in the scratch buffer, for k values: the quants at 0, the
 // scale of each 32 values at byte k, Q8_1's sums at byte k + k / 8 (quantise_tile's fields,
@@ -307,6 +308,93 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, uint3
 #pragma unroll
         for (int r = 0; r < R; r++) out[r] = warp_sum(acc[r]);
         if (lane == 0) rows.store(g, warp, out);
+    }
+    if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
+}
+
+// The rows of mul_mat_vec_q8_rows: as MvqDenseRows (warp i of unit g takes weight row
+// g · nw + i), against n activation rows quantised mvq_row_stride(k) apart from `act`,
+// activation row t's results at y + t · m.
+struct MvqDenseTokens {
+    const uint8_t* w;
+    float* y;
+    const uint8_t* act;
+    uint32_t m, k, nw, n;
+};
+
+// mvq_product for n (1..=MVQ_TOKENS) activation rows at once: each warp stages its weight
+// row's steps once, decodes each lane's sub-block of a step once, and dots it with every
+// activation row. Row t's sum is formed as mvq_product forms the one row's (the same
+// decode, mvq_dot, steps added in order with __fadd_rn from 0, then warp_sum), so row t
+// of a launch is bit for bit a one-token launch of that row. A row's activation is read
+// as its arithmetic needs it (not a step ahead as in mvq_product: MVQ_TOKENS sums take
+// those registers).
+template <class F>
+__device__ void mvq_product_tokens(uint4* smem, uint32_t depth, const MvqDenseTokens& p) {
+    constexpr int SUBS = F::QK / 32;
+    constexpr uint32_t STAGE = mvq_stage_u4<F>();
+    constexpr uint32_t STEP_BYTES = MM_STEP / F::QK * F::BYTES;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Everything from the kernel's arguments (ptxas may read them again rather than hold
+    // them in registers, which the accumulators need).
+    const uint32_t k = p.k, n = p.n;
+    const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
+    const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
+    uint4* ring = smem + (uint64_t)warp * depth * STAGE;
+    bool waited = false;
+    // 32-bit unit arithmetic (registers the loop needs).
+    const uint32_t units = (p.m + p.nw - 1) / p.nw;
+    for (uint32_t g = blockIdx.x; g < units; g += gridDim.x) {
+        // Whole warps only (warp_sum below); a warp past the block's 4 stays out of it.
+        const uint32_t row = g * p.nw + (uint32_t)warp;
+        const bool mine = (uint32_t)warp < p.nw && row < p.m;
+        const uint8_t* wr = p.w + (uint64_t)row * row_bytes;
+        float acc[MVQ_TOKENS];
+#pragma unroll
+        for (int t = 0; t < MVQ_TOKENS; t++) acc[t] = 0.0f;
+        for (uint32_t s0 = 0; s0 < steps; s0 += depth) {
+            const uint32_t cnt = min(depth, steps - s0);
+            if (mine) {
+                for (uint32_t i = 0; i < cnt; i++) {
+                    const uint32_t v0 = (s0 + i) * MM_STEP;
+                    const uint32_t bytes = min((uint32_t)MM_STEP, k - v0) / F::QK * F::BYTES;
+                    mvq_issue_step(ring + i * STAGE, wr + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
+                    cp_async_commit();
+                }
+            }
+            if (!waited) {
+                pdl_wait();  // the activation is the quantise kernel's
+                waited = true;
+            }
+            if (!mine) continue;
+            for (uint32_t i = 0; i < cnt; i++) {
+                const uint32_t v = (s0 + i) * MM_STEP + (uint32_t)lane * 32;
+                cp_async_wait_pending(cnt - 1 - i);
+                __syncwarp();  // every lane's copies of step i have landed
+                if (v >= k) continue;
+                const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
+                const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
+                Sub s;
+                F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                const uint8_t* row_act = p.act;  // activation row t's, stepped (registers)
+#pragma unroll
+                for (int t = 0; t < MVQ_TOKENS; t++, row_act += mvq_row_stride(k)) {
+                    if ((uint32_t)t >= n) break;
+                    MvqLaneAct a;
+                    mvq_load_act<F>({row_act, k}, v, a);
+                    acc[t] = __fadd_rn(acc[t], mvq_dot<F>(s, a.q, a.d, a.s));
+                }
+            }
+            __syncwarp();  // the ring is refilled by the next chunk
+        }
+        pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
+        if ((uint32_t)warp >= p.nw) continue;
+#pragma unroll
+        for (int t = 0; t < MVQ_TOKENS; t++) {
+            if ((uint32_t)t >= n) break;
+            const float out = warp_sum(acc[t]);
+            if (lane == 0 && row < p.m) p.y[(uint64_t)t * p.m + row] = out;
+        }
     }
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }

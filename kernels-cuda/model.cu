@@ -223,11 +223,13 @@ extern "C" __global__ void __launch_bounds__(256, 4)
 // mul_mat_vec's results. The backend launches quantise_act_q8 just before it on the same
 // stream, both with mul_mat's arguments and `act`, its per-stream scratch; the dynamic
 // shared memory (mvq_depth) holds each warp's staged steps; n must be 1. Otherwise NaN.
+// quantise_act_q8 quantises n <= MVQ_TOKENS rows (mul_mat_vec_q8_rows), row t at
+// t · mvq_row_stride(k).
 extern "C" __global__ void __launch_bounds__(256)
     quantise_act_q8(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                     uint32_t k, uint32_t n, uint8_t* act) {
     pdl_begin_release_next();
-    if (n == 1) mvq_quantise_rows(x, act, type, k);
+    if (n >= 1 && n <= MVQ_TOKENS) mvq_quantise_rows(x, act, type, k, n);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)
@@ -261,6 +263,38 @@ extern "C" __global__ void __launch_bounds__(256, 4)
     }
 }
 
+// mul_mat for a verify window of 2..=MVQ_TOKENS tokens over activation rows quantised once
+// (matvec_q8.cuh mvq_product_tokens): each weight row staged once for all the rows, every
+// row bit for bit what mul_mat_vec_q8 gives it alone. quantise_act_q8 runs just before it
+// (the n rows), as for mul_mat_vec_q8; the same grid and dynamic shared memory. Otherwise
+// (n of 0 or over MVQ_TOKENS, no shared memory for a step) NaN. Up to 80 registers: at 64
+// (mul_mat_vec_q8's bound) 8 rows' sums spill.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    mul_mat_vec_q8_rows(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                        uint32_t k, uint32_t n, uint8_t* act) {
+    pdl_begin_deferred();  // waits in mvq_product_tokens, once its weights are requested
+    MMA_SMEM(smem);
+    const uint32_t bytes = mma_smem_size();
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    const MvqDenseTokens p = {w, y, act, m, k, nw, n};
+    if (whole_warps() && mm_shape_ok(type, k) && n >= 1 && n <= MVQ_TOKENS) {
+        switch (type) {
+            // Returns once a product ran: nothing is live after it (registers).
+#define MVQR_CASE(id, F)                                          \
+    case id: {                                                    \
+        const uint32_t depth = mvq_depth<F, 1>(bytes, k);         \
+        if (depth == 0) break;                                    \
+        return mvq_product_tokens<F>((uint4*)smem, depth, p);     \
+    }
+            QUANT_FORMATS(MVQR_CASE)
+#undef MVQR_CASE
+            default: break;
+        }
+    }
+    (void)x;
+    pdl_wait();
+    fill_nan(y, (uint64_t)n * m);
+}
 
 // y[t][j] = x' · W_eᵀ, e = ids[t][j], W_e at byte e · expert_bytes of w; x' = x[t] or, with
 // x_per_slot, x[t][j]. Up to MOE_GROUP_MIN_TOKENS tokens: one (token, slot) per unit.

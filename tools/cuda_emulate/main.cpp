@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|cached|cached_multi [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -759,6 +759,7 @@ static void test_qkv_rope() {
 
 #include "test_mmq.h"
 #include "test_vec_q8.h"
+#include "test_vec_q8_rows.h"
 #include "test_cached.h"
 #include "test_attention_long.h"
 #include "test_attention_flash.h"
@@ -778,6 +779,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "mm") test_mul_mat();
     if (only == "vec") test_vec();
     if (only == "vec" || only == "vec_q8") test_vec_q8();
+    if (only == "vec" || only == "vec_q8" || only == "vec_q8_rows") test_vec_q8_rows();
     if (only == "fused") test_fused();
     if (only == "fused" || only == "products") test_fused_products();
     if (only == "fused" || only == "products") test_fused_norms();

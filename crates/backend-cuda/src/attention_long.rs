@@ -15,9 +15,9 @@ pub(crate) const ATT_LONG_MAX_TOKENS: u32 = 64;
 pub(crate) const ATT_LONG_GROUPS: u32 = 4;
 /// Blocks of a group: the kernels' cluster width on sm_90 (ATT_LONG_GROUP).
 const ATT_LONG_GROUP: u32 = 16;
-/// Where the attention's part of the scratch starts: after mul_mat_vec_q8's quantised
-/// activation (ATT_LONG_SCRATCH_AT).
-pub(crate) const ATT_LONG_SCRATCH_AT: usize = 81_920;
+/// Where the attention's part of the scratch starts: after matvec_q8.cuh's quantised
+/// activation rows (ATT_LONG_SCRATCH_AT).
+pub(crate) const ATT_LONG_SCRATCH_AT: usize = 655_360;
 /// Per-unit counters (u32) at the start of that part (ATT_LONG_COUNTERS).
 pub(crate) const ATT_LONG_COUNTERS: usize = 16_384;
 /// Bytes of the groups' results after the counters (ATT_LONG_PARTIAL_BYTES): (head_dim +

@@ -76,9 +76,9 @@ mod tests {
             defs.iter()
                 .any(|d| d.name == "mul_mat_vec" && d.waits_for_previous)
         );
-        // mul_mat_vec_q8 (which waits itself, once its weights are requested) and the
-        // kernel launched before it.
-        for name in ["mul_mat_vec_q8", "quantise_act_q8"] {
+        // mul_mat_vec_q8 and mul_mat_vec_q8_rows (which wait themselves, once their
+        // weights are requested) and the kernel launched before them.
+        for name in ["mul_mat_vec_q8", "mul_mat_vec_q8_rows", "quantise_act_q8"] {
             assert!(
                 defs.iter().any(|d| d.name == name && d.waits_for_previous),
                 "{name}"

@@ -66,12 +66,21 @@ pub(crate) const SCRATCH_BYTES: usize = if ATT_FLASH_SCRATCH_END > ATT_LONG_SCRA
     ATT_LONG_SCRATCH_END
 };
 
-/// The scratch's part for mul_mat_vec_q8's quantised activation row (a byte per value,
-/// then a scale and a Q8_1 sum per 32 values) for rows of up to [`MVQ_MAX_K`] values.
-pub(crate) const MVQ_SCRATCH_BYTES: usize = MVQ_MAX_K as usize * 5 / 4;
+/// The scratch's part for matvec_q8.cuh's quantised activation rows (a byte per value,
+/// then a scale and a Q8_1 sum per 32 values, rows mvq_row_stride apart): a verify
+/// window's [`MVQ_TOKENS`] rows of up to [`MVQ_MAX_K`] values (mul_mat_vec_q8_rows).
+pub(crate) const MVQ_SCRATCH_BYTES: usize = MVQ_TOKENS as usize * mvq_row_stride(MVQ_MAX_K);
 
 /// Longest row mul_mat_vec_q8 takes (longer ones run mul_mat_vec).
 const MVQ_MAX_K: u32 = 65_536;
+/// Most activation rows (tokens) mul_mat_vec_q8_rows takes (matvec_q8.cuh MVQ_TOKENS).
+const MVQ_TOKENS: u32 = 8;
+
+/// Bytes between quantised activation rows in the scratch (matvec_q8.cuh
+/// mvq_row_stride): 1.25 bytes a value, rounded up to 16.
+const fn mvq_row_stride(k: u32) -> usize {
+    (k as usize * 5 / 4).div_ceil(16) * 16
+}
 /// kernels-cuda/matvec_q8.cuh: warps of a block that compute (ops.rs launches one-token
 /// products in blocks of 4 warps), steps of 1,024 values staged per warp at most.
 const MVQ_WARPS: u32 = 4;
@@ -121,8 +130,25 @@ fn mvq_quantise_grid(k: u32) -> u32 {
 fn mvq_expert_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
     let (k, n_used, per_slot) = (u32_arg(a, 6)?, u32_arg(a, 8)?, u32_arg(a, 9)?);
     let rows = if per_slot != 0 { n_used } else { 1 };
-    let stride = (u64::from(k) * 5 / 4).div_ceil(16) * 16;
-    (u64::from(rows) * stride <= MVQ_SCRATCH_BYTES as u64).then_some((rows, k))
+    mvq_rows_fit(rows, k).then_some((rows, k))
+}
+
+/// Whether `rows` quantised activation rows of `k` values fit the scratch.
+fn mvq_rows_fit(rows: u32, k: u32) -> bool {
+    (rows as usize)
+        .checked_mul(mvq_row_stride(k))
+        .is_some_and(|b| b <= MVQ_SCRATCH_BYTES)
+}
+
+/// Dynamic shared memory mul_mat_vec_q8_rows takes for a launch of `tokens` activation
+/// rows, weights of ggml type `ty` and rows of `k` values: a verify window's 2..=MVQ_TOKENS
+/// rows, where mul_mat_vec_q8 would take each row alone (each warp stages its weight row
+/// once, as for one token, so the same bytes).
+fn mvq_rows_smem(ty: u32, k: u32, tokens: u32) -> Option<u32> {
+    if !(2..=MVQ_TOKENS).contains(&tokens) || !mvq_rows_fit(tokens, k) {
+        return None;
+    }
+    mvq_smem(ty, k, 1, 1)
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -302,6 +328,24 @@ pub(crate) const VARIANTS: &[Variant] = &[
         pre: Some(PreLaunch {
             func: "quantise_act_q8",
             grid: |a| Some(mvq_quantise_grid(u32_arg(a, 5)?)),
+            block: 256,
+        }),
+        scratch: false,
+    },
+    // The same for a verify window of 2..=8 tokens: each weight row staged once for all
+    // the rows, every row bit for bit mul_mat_vec_q8's for it alone (launch_options.rs
+    // leaves it out by default until measured).
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_vec_q8_rows",
+        applies: |a, _| mvq_rows_smem(u32_arg(a, 3)?, u32_arg(a, 5)?, u32_arg(a, 6)?),
+        large_smem: false,
+        grid: Some(|a, block| mvq_grid(u32_arg(a, 4)?, 1, block)),
+        grid_exact: true,
+        // quantise_act_q8 quantises the n rows, mvq_row_stride apart.
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8",
+            grid: |a| u32_arg(a, 6)?.checked_mul(mvq_quantise_grid(u32_arg(a, 5)?)),
             block: 256,
         }),
         scratch: false,

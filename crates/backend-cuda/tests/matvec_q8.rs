@@ -3,7 +3,9 @@
 //! mul_mat_vec, the same device with it left out (`STRATA_CUDA_SKIP=mul_mat_vec_q8`): bit
 //! for bit for every quantised format at decode shapes, launched as ops.rs launches them;
 //! likewise experts_gate_up_q8 against experts_gate_up and mul_mat_experts_q8 against
-//! mul_mat_experts_vec.
+//! mul_mat_experts_vec. mul_mat_vec_q8_rows (a verify window's 2..=8 tokens, each weight
+//! row staged once for all of them; left out by default, so named here) against
+//! one-token launches of each row, and against the tiled mul_mat it replaces.
 //! And the scratch is per stream: two streams running different products at once, eagerly
 //! and from a captured graph, each give what they give alone. Skips with one line when
 //! there is no CUDA device.
@@ -107,6 +109,90 @@ fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
             );
             if !ok {
                 failures.push(format!("{ty:?} {m}x{k}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+/// y = x · wᵀ for the `n` rows of `x` in one launch, shaped as ops.rs launches a window
+/// (one tile of 8 tokens: 128-thread blocks of 8 rows).
+fn mul_mat_rows(
+    dev: &Device,
+    ty: QuantType,
+    (m, k, n): (usize, usize, usize),
+    w: &DeviceBuffer<u8>,
+    x: &DeviceBuffer<f32>,
+) -> Vec<f32> {
+    let s = dev.main_stream();
+    let y = dev.alloc::<f32>(n * m).unwrap();
+    let args = Args::new()
+        .read(w)
+        .read(x)
+        .write(&y)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n as u32);
+    let cfg = LaunchCfg::linear(m.div_ceil(8) * 128, 128);
+    dev.launch(KernelId::MulMat, &cfg, &args, s).unwrap();
+    download(dev, &y, s)
+}
+
+#[test]
+fn mul_mat_vec_q8_rows_is_bit_for_bit_each_row_alone() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "mul_mat_vec_q8_rows_is_bit_for_bit_each_row_alone";
+    // Every variant in use (mul_mat_vec_q8_rows too, which the default list leaves out),
+    // and the same without it: the tiled mul_mat takes the windows.
+    let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_vec_q8_rows")) else {
+        return;
+    };
+    let mut rng = Rng(0x0dd_ba11);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        // Qwen3-30B-A3B's q and o projections and router, a short row tail, a row past the
+        // 8 steps a warp stages at once, row counts no multiple of a block's 4.
+        for (m, k) in [
+            (4096, 2048),
+            (2048, 4096),
+            (128, 2048),
+            (37, 1280),
+            (19, 9216),
+            (300, 768),
+        ] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            let w = random_weights(ty, m, k, &mut rng);
+            let x: Vec<f32> = (0..8 * k).map(|i| (1 + i / k) as f32 * rng.f32()).collect();
+            let s = with.main_stream();
+            let bw = with.alloc_from(&w, s).unwrap();
+            // Each row alone (mul_mat_vec_q8), then windows of 2..=8 rows.
+            let alone: Vec<f32> = (0..8)
+                .flat_map(|t| {
+                    let bx = with.alloc_from(&x[t * k..(t + 1) * k], s).unwrap();
+                    mul_mat_rows(&with, ty, (m, k, 1), &bw, &bx)
+                })
+                .collect();
+            let bx = with.alloc_from(&x, s).unwrap();
+            let sw = without.main_stream();
+            let tw = without.alloc_from(&w, sw).unwrap();
+            let tx = without.alloc_from(&x, sw).unwrap();
+            for n in 2..=8 {
+                let rows = mul_mat_rows(&with, ty, (m, k, n), &bw, &bx);
+                let tiled = mul_mat_rows(&without, ty, (m, k, n), &tw, &tx);
+                let what = format!("mul_mat_vec_q8_rows {ty:?} {m}x{k} n={n}");
+                let ok = same_bits(&rows, &alone[..n * m])
+                    && same_bits(&rows, &tiled)
+                    && rows.iter().all(|v| v.is_finite());
+                println!(
+                    "{what} vs each row alone and the tiled mul_mat: {}",
+                    if ok { "bit-exact" } else { "DIFFERENT" }
+                );
+                if !ok {
+                    failures.push(what);
+                }
             }
         }
     }
