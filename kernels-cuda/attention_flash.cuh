@@ -22,6 +22,9 @@
 // dimensions are A's rows, built from 16-byte loads by byte permutes; P's f16 fragments
 // are S's accumulators as they stand). The kernels take up to 255 registers (one block of
 // 8 warps an SM, every warp with a step's 8 KiB of K/V and its prefetches in flight).
+// Built with ATT_FLASH_STAGED=1, the f16 cache's kernel copies each warp's next step into
+// shared memory with cp.async while it computes the current one (ATT_FLASH_STAGES below),
+// with the same bits; the q8_0 cache's rows (2-byte aligned) keep the direct loads.
 // Each slice leaves (maximum, sum, unnormalised P·V) per head in shared memory; the block
 // merges its slices in slice order; the cluster merges its blocks in rank order through distributed shared
 // memory into the group's triple in the stream's scratch; the unit's last block (a counter
@@ -61,6 +64,24 @@
 #ifndef ATT_FLASH_AHEAD
 #define ATT_FLASH_AHEAD 48  // rows a warp asks L2 for ahead of its loads
 #endif
+// The staged data path (ATT_FLASH_STAGED=1, the f16 cache's kernel only; see
+// att_flash_slice): each warp copies its slice's K and V rows with cp.async into a ring of
+// ATT_FLASH_STAGES steps in dynamic shared memory, ATT_FLASH_STAGES - 1 steps ahead of the
+// step it computes, so its next steps' bytes are in flight without holding registers. The
+// ring is ATT_FLASH_SMEM bytes a block (8 warps x 2 stages x 8 KiB = 128 KiB; 3 stages,
+// 192 KiB, do not fit beside the ~44 KiB of static shared arrays under 227 KiB): the
+// module then defines `attention_flash_smem` (model.cu), which the backend reads at load
+// to give the kernel that much (kernels.rs). Same register values, so the same bits.
+#ifndef ATT_FLASH_STAGED
+#define ATT_FLASH_STAGED 0
+#endif
+#ifndef ATT_FLASH_STAGES
+#define ATT_FLASH_STAGES 2
+#endif
+#define ATT_FLASH_STAGE_U4 (2 * ATT_FLASH_STEP * ATT_FLASH_HEAD_DIM / 8)  // K rows, then V rows
+#define ATT_FLASH_WARP_SMEM (ATT_FLASH_STAGES * ATT_FLASH_STAGE_U4 * 16)
+#define ATT_FLASH_SMEM (ATT_MAX_THREADS / 32 * ATT_FLASH_WARP_SMEM)
+static_assert(ATT_FLASH_STAGES >= 2 && ATT_FLASH_STAGES <= 8, "cp_async_wait_pending's range");
 // The scratch (variants.rs, attention_flash.rs): the same per-unit counters as
 // attention_long (ATT_LONG_SCRATCH_AT; a stream runs one attention launch at a time and
 // each leaves them 0), then the groups' results, (head_dim + 2) floats per (token, query
@@ -285,6 +306,68 @@ __device__ __forceinline__ void att_flash_v_frag(const AttFlashVQ8& v, uint32_t 
     a[2] = atp_pack(val(2, i), val(3, i));
     a[3] = atp_pack(val(2, 8 + i), val(3, 8 + i));
 }
+// The staged path's ring (ATT_FLASH_STAGED): a stage holds a step's 16 K rows (16-byte
+// segments 0-255, segment s of row r at 16r + (s ^ swz(r))) then its 16 V rows (the same
+// from 256). The swizzle keeps every 8-lane phase of the 16-byte reads below on 8
+// different 16-byte bank groups (rows are 256 bytes, so unswizzled every row starts on
+// bank 0): a K read's phase takes rows 2p, 2p + 1 (segments 4i + t), which differ in
+// swz's bit 2 and so fill the two halves of the 8 groups; a V read's phase takes rows
+// 2t + c (t = 0..3: bits 0 and 2 of swz run through all four values) at segments 2g,
+// 2g + 1 (bit 1); a copy's phase writes 8 segments of one row. No bank conflicts.
+__device__ __forceinline__ uint32_t att_flash_at(uint32_t r, uint32_t s) {
+    return 16 * r + (s ^ (((r & 1) << 2) ^ ((r >> 1) & 1) ^ (((r >> 2) & 1) << 2)));
+}
+// The copies of step k0's K and V rows below r1 into stage `st` (rows from r1 on are not
+// copied: the reads below give them zeros, as att_flash_load_k and _v do); lanes 0-15 and
+// 16-31 take a row each, 16 bytes a lane, so a warp reads 512 contiguous bytes at once.
+__device__ __forceinline__ void att_flash_issue(const AttKvF16& kv, uint32_t k0, uint32_t r1, uint4* st) {
+    const uint32_t lane = threadIdx.x & 31, s = lane & 15;
+#pragma unroll
+    for (uint32_t n = 0; n < ATT_FLASH_STEP / 2; n++) {
+        const uint32_t r = 2 * n + (lane >> 4);
+        if (k0 + r < r1) {
+            const uint64_t at = (uint64_t)(k0 + r) * kv.row + kv.head_at + 8 * s;
+            uint4* d = st + att_flash_at(r, s);
+            cp_async16(d, kv.k + at);
+            cp_async16(d + ATT_FLASH_STAGE_U4 / 2, kv.v + at);
+        }
+    }
+}
+// Shared loads kept in program order among the mma, as att_ld16.
+__device__ __forceinline__ uint4 att_lds16(const uint4* p) {
+#if defined(__CUDA_ARCH__)
+    uint4 r;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"((uint32_t)__cvta_generic_to_shared(p)));
+    return r;
+#else
+    return *p;
+#endif
+}
+// att_flash_load_k's and att_flash_load_v's registers, from stage `st`.
+__device__ __forceinline__ void att_flash_lds_k(const uint4* st, uint32_t k0, uint32_t r1, AttFlashKF16& kr) {
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (uint32_t j = 0; j < 2; j++)
+#pragma unroll
+        for (uint32_t i = 0; i < 4; i++)
+            kr.k[j][i] = k0 + 8 * j + g < r1 ? att_lds16(st + att_flash_at(8 * j + g, 4 * i + t)) : make_uint4(0u, 0u, 0u, 0u);
+}
+__device__ __forceinline__ void att_flash_lds_v(const uint4* st, uint32_t k0, uint32_t r1, AttFlashVF16& v) {
+    const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    st += ATT_FLASH_STAGE_U4 / 2;
+#pragma unroll
+    for (uint32_t c = 0; c < 4; c++) {
+        const uint32_t r = 2 * t + (c & 1) + 8 * (c >> 1);
+        v.lo[c] = v.hi[c] = make_uint4(0u, 0u, 0u, 0u);
+        if (k0 + r < r1) {
+            v.lo[c] = att_lds16(st + att_flash_at(r, 2 * g));
+            v.hi[c] = att_lds16(st + att_flash_at(r, 2 * g + 1));
+        }
+    }
+}
+
 template <class Kv>
 struct AttFlashKRaw;
 template <>
@@ -307,10 +390,14 @@ struct AttFlashV<AttKvQ8> {
 };
 
 // Rows [r0, r1) by one warp: (maximum, sum) of head g into m[g], l[g] and the unnormalised
-// P·V into o ([head][dim]); an empty range leaves (-inf, 0, 0).
-template <class Kv>
+// P·V into o ([head][dim]); an empty range leaves (-inf, 0, 0). Staged (the f16 cache
+// only): K and V through the warp's ring of ATT_FLASH_STAGES stages (`ring`), else
+// straight into registers; the same registers either way, so the same bits.
+template <bool Staged, class Kv>
 __device__ __forceinline__ void att_flash_slice(const Kv& kv, const AttFlashQ& qa, uint32_t r0,
-                                                uint32_t r1, float scale2, float* o, float* m, float* l) {
+                                                uint32_t r1, float scale2, uint4* ring, float* o,
+                                                float* m, float* l) {
+    static_assert(!Staged || Kv::rounds_query, "only the f16 cache is staged");
     const uint32_t lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // Oᵀ: m-tile i's rows g, g + 8 are dimensions 16g + i, 16g + 8 + i; columns heads 2t, 2t + 1.
     float acc[8][4];
@@ -320,16 +407,44 @@ __device__ __forceinline__ void att_flash_slice(const Kv& kv, const AttFlashQ& q
     // The slice's first ATT_FLASH_AHEAD rows into L2 now, and each step the rows that
     // many ahead: the memory has the warp's next steps in flight while it computes.
     for (uint32_t r = r0 + lane; r < min(r1, r0 + ATT_FLASH_AHEAD); r += 32) kv.prefetch(r);
+    uint32_t slot = 0;  // the stage of step k0
+    if constexpr (Staged) {
+        __syncwarp();  // the warp's previous slice is done reading the ring
+        // Steps 0 .. ATT_FLASH_STAGES - 2 in flight (a copy group each, empty past r1).
+#pragma unroll
+        for (uint32_t st = 0; st + 1 < ATT_FLASH_STAGES; st++) {
+            if (r0 + st * ATT_FLASH_STEP < r1) att_flash_issue(kv, r0 + st * ATT_FLASH_STEP, r1, ring + st * ATT_FLASH_STAGE_U4);
+            cp_async_commit();
+        }
+    }
 #pragma unroll 1
     for (uint32_t k0 = r0; k0 < r1; k0 += ATT_FLASH_STEP) {
         if (lane < ATT_FLASH_STEP && k0 + ATT_FLASH_AHEAD + lane < r1) kv.prefetch(k0 + ATT_FLASH_AHEAD + lane);
-        // The step's K and V loads all in flight, then its scores.
         typename AttFlashKRaw<Kv>::T kr;
-        att_flash_load_k(kv, k0, r1, kr);
         typename AttFlashV<Kv>::T vv;
-        att_flash_load_v(kv, k0, r1, vv);
         float s[2][4];
-        att_flash_qk(kr, qa, s);
+        if constexpr (Staged) {
+            // The step ATT_FLASH_STAGES - 1 ahead into the stage read last step (every
+            // lane done with it), then this step's copies landed, the warp's as well.
+            __syncwarp();
+            const uint32_t ahead = k0 + (ATT_FLASH_STAGES - 1) * ATT_FLASH_STEP;
+            const uint32_t fill = (slot + ATT_FLASH_STAGES - 1) % ATT_FLASH_STAGES;
+            if (ahead < r1) att_flash_issue(kv, ahead, r1, ring + fill * ATT_FLASH_STAGE_U4);
+            cp_async_commit();
+            cp_async_wait_pending(ATT_FLASH_STAGES - 1);
+            __syncwarp();
+            const uint4* st = ring + slot * ATT_FLASH_STAGE_U4;
+            slot = (slot + 1) % ATT_FLASH_STAGES;
+            // Shared loads are short: V's after the scores, not live with K's.
+            att_flash_lds_k(st, k0, r1, kr);
+            att_flash_qk(kr, qa, s);
+            att_flash_lds_v(st, k0, r1, vv);
+        } else {
+            // The step's K and V loads all in flight, then its scores.
+            att_flash_load_k(kv, k0, r1, kr);
+            att_flash_load_v(kv, k0, r1, vv);
+            att_flash_qk(kr, qa, s);
+        }
         // Head g's scores of keys k0 + 8j + 2t + e (log2 units; past the range -inf), the
         // step's maximum over the head's 4 lanes, the running maximum (finite: the step
         // has a key in range) and the sums' factor.
@@ -399,16 +514,19 @@ struct AttFlashSmem {
 };
 
 // Piece rows [p0, p1) by the block: its triple in (fs.pm, fs.pl, sm.stored[head][dim]).
-template <class Kv>
+// Staged: `ring` is the block's rings (ATT_FLASH_WARP_SMEM bytes a warp).
+template <bool Staged, class Kv>
 __device__ __forceinline__ void att_flash_piece_run(AttSmem& sm, AttFlashSmem& fs, const Kv& kv,
                                                     const AttFlashQ& qa, uint32_t p0,
-                                                    uint32_t p1, uint32_t slice, float scale2) {
+                                                    uint32_t p1, uint32_t slice, float scale2,
+                                                    uint4* ring) {
     const uint32_t T = blockDim.x, tid = threadIdx.x, warp = tid >> 5, nwarps = T >> 5;
     const uint32_t per_slice = ATT_HEADS * ATT_FLASH_HEAD_DIM;
+    uint4* const wring = Staged ? ring + warp * (ATT_FLASH_WARP_SMEM / 16) : nullptr;
 #pragma unroll 1
     for (uint32_t s = warp; s < ATT_FLASH_SLICES; s += nwarps) {
         const uint32_t r0 = min(p1, p0 + s * slice), r1 = min(p1, r0 + slice);
-        att_flash_slice(kv, qa, r0, r1, scale2, sm.stored + s * per_slice, fs.m[s], fs.l[s]);
+        att_flash_slice<Staged>(kv, qa, r0, r1, scale2, wring, sm.stored + s * per_slice, fs.m[s], fs.l[s]);
     }
     __syncthreads();
     // The slices merged in slice order (an empty slice weighs 0), into slice 0's place.
@@ -443,11 +561,12 @@ struct AttFlashCopy {
 #endif
 
 // Group g of unit `un` (span > ATT_LONG_MIN_SPAN) by the cluster.
-template <class Kv>
+template <bool Staged, class Kv>
 __device__ __forceinline__ void att_flash_group(AttSmem& sm, AttFlashSmem& fs, const float* q,
                                                 float* out, uint64_t un, uint32_t g, uint64_t span,
                                                 uint32_t n_head, uint32_t n_kv_head, float scale,
-                                                const Kv& cache, uint32_t* counter, float* partials) {
+                                                const Kv& cache, uint32_t* counter, float* partials,
+                                                uint4* ring) {
     const uint32_t T = blockDim.x, tid = threadIdx.x, hd = ATT_FLASH_HEAD_DIM;
     const uint32_t rank = att_cluster_rank();
     const AttUnit u = att_unit(un, n_head, n_kv_head);
@@ -465,7 +584,7 @@ __device__ __forceinline__ void att_flash_group(AttSmem& sm, AttFlashSmem& fs, c
     uint32_t p0, p1;
 #if ATT_CLUSTER > 1
     piece_rows(g * ATT_FLASH_GROUP + rank, p0, p1);
-    att_flash_piece_run(sm, fs, kv, qa, p0, p1, piece / ATT_FLASH_SLICES, scale2);
+    att_flash_piece_run<Staged>(sm, fs, kv, qa, p0, p1, piece / ATT_FLASH_SLICES, scale2, ring);
     att_cluster_sync();
     auto ld_m = [&](uint32_t h, uint32_t b) { return att_cluster_load(&fs.pm[h], b); };
     auto ld_l = [&](uint32_t h, uint32_t b) { return att_cluster_load(&fs.pl[h], b); };
@@ -475,7 +594,7 @@ __device__ __forceinline__ void att_flash_group(AttSmem& sm, AttFlashSmem& fs, c
     static AttFlashCopy copies[ATT_FLASH_GROUP];
     for (uint32_t b = 0; b < ATT_FLASH_GROUP; b++) {
         piece_rows(g * ATT_FLASH_GROUP + b, p0, p1);
-        att_flash_piece_run(sm, fs, kv, qa, p0, p1, piece / ATT_FLASH_SLICES, scale2);
+        att_flash_piece_run<Staged>(sm, fs, kv, qa, p0, p1, piece / ATT_FLASH_SLICES, scale2, ring);
         for (uint32_t i = tid; i < ATT_HEADS * hd; i += T) copies[b].o[i] = sm.stored[i];
         if (tid < ATT_HEADS) {
             copies[b].m[tid] = fs.pm[tid];
@@ -553,8 +672,9 @@ __device__ __forceinline__ void att_flash_group(AttSmem& sm, AttFlashSmem& fs, c
 // The kernel body: units of long spans by groups (up to ATT_FLASH_GROUPS clusters each),
 // the others by attention.cuh's path (one cluster). Work items (group, unit), group-major
 // (a decode step's live groups go to different clusters), in a grid-stride loop over the
-// clusters; an item a unit does not have is skipped.
-template <class Kv>
+// clusters; an item a unit does not have is skipped. Staged (the f16 cache only): the
+// launch must give ATT_FLASH_WARP_SMEM bytes of dynamic shared memory a warp (NaN otherwise).
+template <bool Staged, class Kv>
 __device__ __forceinline__ void attention_flash_run(const float* q, const int32_t* pos, float* out,
                                                     uint32_t n_tokens, uint32_t n_head,
                                                     uint32_t n_kv_head, uint32_t head_dim,
@@ -562,7 +682,10 @@ __device__ __forceinline__ void attention_flash_run(const float* q, const int32_
                                                     uint8_t* scratch) {
     __shared__ AttSmem sm;
     __shared__ AttFlashSmem fs;
+    MMA_SMEM(dyn);
+    uint4* const ring = Staged ? (uint4*)dyn : nullptr;
     const uint64_t total = (uint64_t)n_tokens * n_head * head_dim;
+    if (Staged && mma_smem_size() < (blockDim.x >> 5) * ATT_FLASH_WARP_SMEM) return fill_nan(out, total);
     // The f16 cache's rows are loaded 16 bytes at a time (the q8_0 cache's 2).
     const uint64_t align = Kv::rounds_query ? 15 : 1;
     if (!att_shape_ok<Kv>(n_head, n_kv_head, head_dim) || head_dim != ATT_FLASH_HEAD_DIM ||
@@ -582,8 +705,8 @@ __device__ __forceinline__ void attention_flash_run(const float* q, const int32_
         const uint64_t span = att_span(pos[un / ((uint64_t)n_kv_head * head_groups)], n_ctx);
         if (span > ATT_LONG_MIN_SPAN) {
             if (g < att_flash_groups(span))
-                att_flash_group(sm, fs, q, out, un, g, span, n_head, n_kv_head, scale, cache,
-                                counters + un, partials);
+                att_flash_group<Staged>(sm, fs, q, out, un, g, span, n_head, n_kv_head, scale, cache,
+                                        counters + un, partials, ring);
         } else if (g == 0) {
             att_unit_split(sm, q, pos, out, un, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
         }

@@ -164,6 +164,30 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+// Waits until at most `n` of this thread's newest cp.async groups are pending.
+__device__ __forceinline__ void cp_async_wait_pending(uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    switch (n) {
+        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+        default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    }
+#else
+    (void)n;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
 // One staging step of up to MM_ROWS weight rows at once: the warp issues all of their
 // 16-byte loads before waiting, so it waits for memory once per step rather than once
 // per row and segment. Same bytes as stage_bytes, row r at stage + r · MM_STAGE_U4;

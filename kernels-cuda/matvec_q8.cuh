@@ -117,30 +117,6 @@ __device__ __forceinline__ constexpr uint32_t mvq_stage_u4() {
     return (uint32_t)((MM_STEP / F::QK * F::BYTES + 30) / 16);
 }
 
-// Waits until at most `n` of this thread's newest cp.async groups are pending.
-__device__ __forceinline__ void cp_async_wait_pending(uint32_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    switch (n) {
-        case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-        case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-        case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-        case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-        case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-        case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-        case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-        default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
-    }
-#else
-    (void)n;
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
 // One step of a weight row (`bytes` from `src`) into `to`, as stage_bytes lays it out (the
 // 16-byte segments holding the range; `src & 15` bytes in), the lanes' copies in flight.
 __device__ __forceinline__ void mvq_issue_step(uint4* to, const uint8_t* src, uint32_t bytes) {

@@ -727,6 +727,12 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 2
 // tensor-core walk keeps its K/V loads in registers (218 registers, no spills).
 #include "attention_flash.cuh"
 
+#if ATT_FLASH_STAGED
+// The dynamic shared memory the staged attention_flash needs (its K/V rings), read by the
+// backend at load (kernels.rs): a module built without ATT_FLASH_STAGED has no such symbol.
+__constant__ uint32_t attention_flash_smem = ATT_FLASH_SMEM;
+#endif
+
 extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1)
     attention_flash(const float* q, const int32_t* pos, const uint16_t* k_cache,
                     const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
@@ -735,8 +741,8 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1
     pdl_begin();
     const uint64_t head = head_dim;
     const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
-    attention_flash_run(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
-                        scratch);
+    attention_flash_run<ATT_FLASH_STAGED != 0>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim,
+                                               n_ctx, scale, cache, scratch);
 }
 
 // The same attention for launches of many tokens (prefill), on tensor cores: the backend's
@@ -796,6 +802,6 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1
     pdl_begin();
     const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
     const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
-    attention_flash_run(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
-                        scratch);
+    attention_flash_run<false>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
+                               cache, scratch);
 }

@@ -3,7 +3,9 @@
 *.cuh files as headers, --std=c++17) and prints the log with ptxas's register and spill
 report, so compile errors show up before a GPU machine is used.
 
-    python3 tools/cuda_nvrtc_check.py [--arch sm_90] [--lib /path/to/libnvrtc.so.13] [module ...]
+    python3 tools/cuda_nvrtc_check.py [--arch sm_90] [--lib /path/to/libnvrtc.so.13] [-D NAME=VALUE ...] [module ...]
+
+-D passes a define to NVRTC, as the backend's STRATA_NVRTC_DEFINES does (e.g. -D ATT_FLASH_STAGED=1).
 
 No CUDA toolkit is needed: the nvidia-cuda-nvrtc wheel unpacked anywhere gives the library
 (e.g. unzip nvidia_cuda_nvrtc-13.*.whl -d /tmp/nvrtc; --lib /tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13).
@@ -21,6 +23,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--lib", default="/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13")
+    ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("modules", nargs="*")
     a = ap.parse_args()
     nv = ctypes.CDLL(a.lib)
@@ -37,6 +40,7 @@ def main() -> int:
                                   arr(texts), arr(names))
         assert r == 0, r
         opts = [f"--gpu-architecture={a.arch}".encode(), b"--std=c++17", b"--ptxas-options=-v"]
+        opts += [f"-D{d}".encode() for d in a.defines]
         r = nv.nvrtcCompileProgram(prog, len(opts), arr(opts))
         size = ctypes.c_size_t()
         nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))

@@ -4,7 +4,10 @@
 // groups and partial steps: against the f64 softmax of the cache's (dequantised) values
 // (att_ref, test_attention_long.h); a window whose rows straddle the threshold row for row
 // bit for bit equal to each row launched alone, to another grid and (long rows) to another
-// block size; its short rows bit for bit `attention`'s; the counters back to 0.
+// block size; its short rows bit for bit `attention`'s; the counters back to 0. The f16
+// cache's staged path (attention_flash_run<true>, ATT_FLASH_STAGED) and the direct one
+// bit for bit equal, whichever the kernel was built with (-DATT_FLASH_STAGED=1 runs every
+// check above through the staged path).
 
 static void test_attention_flash() {
     const size_t scratch_bytes = ATT_LONG_SCRATCH_AT + 4 * ATT_LONG_COUNTERS + ATT_FLASH_PARTIAL_BYTES;
@@ -26,6 +29,8 @@ static void test_attention_flash() {
         // a position outside the cache; blocks of 4 warps (two slices a warp)
         {false, 4, 4, 256, {130, 64, 9000, 1023}}, {false, 8, 2, 128, {2999, 4500}},
     };
+    // The kernel built staged takes its K/V rings from the launch's dynamic shared memory.
+    emu_dynamic_smem_bytes = ATT_FLASH_STAGED ? ATT_FLASH_SMEM : 0;
     for (auto& c : cases) {
         const int hd = 128;
         int nt = (int)c.pos.size(), kvd = c.nkv * hd, g = c.nh / c.nkv;
@@ -79,6 +84,26 @@ static void test_attention_flash() {
         run(q.data(), c.pos.data(), other.data(), nt, (unsigned)(units * ATT_FLASH_GROUPS), c.block == 256 ? 128 : 256);
         zero = zero && counters_zero();
         bool block_same = true;
+        // The f16 cache: both data paths, the same bits (and the kernel's).
+        bool staged_same = true;
+        if (!c.q8) {
+            auto path = [&](bool staged, std::vector<float>& o) {
+                emu_dynamic_smem_bytes = staged ? (uint32_t)(c.block / 32 * ATT_FLASH_WARP_SMEM) : 0;
+                launch((unsigned)(units * ATT_FLASH_GROUPS), c.block, [&] {
+                    const AttKvF16 cache{kc.data(), vc.data(), (uint64_t)kvd, (uint64_t)hd, 0, (uint32_t)hd};
+                    if (staged)
+                        attention_flash_run<true>(q.data(), c.pos.data(), o.data(), nt, c.nh, c.nkv, hd, ctx, scale, cache, scratch.data());
+                    else
+                        attention_flash_run<false>(q.data(), c.pos.data(), o.data(), nt, c.nh, c.nkv, hd, ctx, scale, cache, scratch.data());
+                });
+                emu_dynamic_smem_bytes = ATT_FLASH_STAGED ? ATT_FLASH_SMEM : 0;
+            };
+            std::vector<float> direct(out.size(), -7.0f), staged(out.size(), -7.0f);
+            path(false, direct);
+            path(true, staged);
+            staged_same = same(direct, staged) && same(out, staged);
+            zero = zero && counters_zero();
+        }
         // Short rows: `attention`'s (and attention_q8's) bits.
         std::vector<float> plain(out.size(), -7.0f);
         if (c.q8)
@@ -116,5 +141,6 @@ static void test_attention_flash() {
         report(what + " short rows vs attention", short_same ? 0 : 1, 0.5);
         report(what + " long rows, other block size", block_same ? 0 : 1, 0.5);
         report(what + " counters back to 0", zero ? 0 : 1, 0.5);
+        if (!c.q8) report(what + " staged vs direct K/V path", staged_same ? 0 : 1, 0.5);
     }
 }

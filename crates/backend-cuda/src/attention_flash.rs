@@ -78,6 +78,15 @@ mod tests {
     }
 
     #[test]
+    fn staged_build_names_its_shared_memory() {
+        // kernels.rs gives a variant the dynamic shared memory its module's `<func>_smem`
+        // says: model.cu defines attention_flash's under ATT_FLASH_STAGED, off by default.
+        let model = crate::kernels::source_of("model").expect("model.cu");
+        assert!(model.contains("__constant__ uint32_t attention_flash_smem = ATT_FLASH_SMEM;"));
+        assert_eq!(header_define("ATT_FLASH_STAGED"), Some(0));
+    }
+
+    #[test]
     fn flash_kernels_take_long_contexts_of_head_dim_128() {
         // Qwen3-30B-A3B's shape: a decode step and a 64-token read at 32K.
         assert_eq!(

@@ -83,6 +83,35 @@ fn set_module_u32(m: sys::CUmodule, name: &str, value: u32) -> Result<(), Error>
     })
 }
 
+/// The module's `__constant__ uint32_t name`, if it defines one (read once at load).
+fn module_u32(m: sys::CUmodule, name: &str) -> Result<Option<u32>, Error> {
+    let Ok(cname) = CString::new(name) else {
+        return Ok(None);
+    };
+    let (mut ptr, mut bytes): (sys::CUdeviceptr, usize) = (0, 0);
+    // SAFETY: loaded module; NUL-terminated name; writes a pointer and a size.
+    let r = unsafe { sys::cuModuleGetGlobal_v2(&mut ptr, &mut bytes, m, cname.as_ptr()) };
+    if r != sys::CUresult::CUDA_SUCCESS || bytes != 4 {
+        return Ok(None);
+    }
+    let mut value = 0u32;
+    // SAFETY: a 4-byte device symbol of the current context into a live u32, on the null
+    // stream, which is synchronised before `value` is read.
+    check("cuMemcpyDtoHAsync_v2", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(
+            (&mut value as *mut u32).cast(),
+            ptr,
+            4,
+            std::ptr::null_mut(),
+        )
+    })?;
+    // SAFETY: the null stream of the current context.
+    check("cuStreamSynchronize", unsafe {
+        sys::cuStreamSynchronize(std::ptr::null_mut())
+    })?;
+    Ok(Some(value))
+}
+
 /// What one launch runs: the kernel or a variant, the dynamic shared memory it asks for,
 /// the variant's own grid, if it has one (replacing the launch's when `grid_exact`, else
 /// cutting it), and the kernel to launch first, if it has one.
@@ -109,6 +138,9 @@ struct LoadedVariant {
     v: &'static Variant,
     entry: KernelEntry,
     pre: Option<KernelEntry>,
+    /// Dynamic shared memory every launch needs at least, as the module says
+    /// (`<func>_smem`: attention_flash built with ATT_FLASH_STAGED); 0 for most.
+    min_smem: u32,
 }
 
 /// Every module of one context and the kernel table built from them.
@@ -364,12 +396,38 @@ impl KernelTable {
                 },
                 None => None,
             };
-            let entry = if v.large_smem {
+            // A module built with a data path in dynamic shared memory says how much
+            // (attention_flash_smem under ATT_FLASH_STAGED): the kernel gets it on every
+            // launch, whatever `applies` says (it cannot see the module's defines).
+            let min_smem = match module {
+                Some(&(_, m)) => module_u32(m, &format!("{}_smem", v.func))?.unwrap_or(0),
+                None => 0,
+            };
+            let entry = if v.large_smem || min_smem > 0 {
                 KernelEntry::with_large_smem(f)
             } else {
                 KernelEntry::new(f)
             };
-            table.variants.push(LoadedVariant { v, entry, pre });
+            if min_smem > entry.max_dynamic_smem {
+                tracing::warn!(
+                    "cuda: {} needs {min_smem} bytes of shared memory, the device gives {}; left out",
+                    v.func,
+                    entry.max_dynamic_smem
+                );
+                continue;
+            }
+            if min_smem > 0 {
+                tracing::info!(
+                    "cuda: {} takes {min_smem} bytes of dynamic shared memory",
+                    v.func
+                );
+            }
+            table.variants.push(LoadedVariant {
+                v,
+                entry,
+                pre,
+                min_smem,
+            });
         }
         for id in KernelId::ALL {
             let Some(&(_, m)) = loaded.iter().find(|(name, _)| *name == id.module()) else {
@@ -479,7 +537,7 @@ impl KernelTable {
             .iter()
             .filter(|lv| lv.v.of == of && alias.is_none_or(|a| a.variants.contains(&lv.v.func)))
             .find_map(|lv| {
-                let smem = (lv.v.applies)(args, lv.entry.max_dynamic_smem)?;
+                let smem = (lv.v.applies)(args, lv.entry.max_dynamic_smem)?.max(lv.min_smem);
                 let pre = match (&lv.v.pre, &lv.pre) {
                     (Some(p), Some(entry)) => Some(PreChoice {
                         entry,
