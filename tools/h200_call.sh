@@ -63,6 +63,9 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            done ;;
     window) run window 120 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=3 \
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-rows) # the same with mul_mat_vec_q8_rows (left out by default until measured)
+              run window-rows 120 env STRATA_CUDA_SKIP="$DEF" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+                REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     kt-att) run kt-att 90 env STRATA_KERNEL_TIMING=1 $B -p 0 -d 32768 -n 32
             run kt-att-long 90 env STRATA_KERNEL_TIMING=1 STRATA_CUDA_SKIP=$DEF,attention_flash,attention_flash_q8 \
               $B -p 0 -d 32768 -n 32 ;;
