@@ -52,14 +52,13 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
              > "$L/llama-build.txt" 2>&1) & LP=$!; } ;;
     offload) wait_llama && run offload 420 env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/off" REPS=1 \
                THREADS=16 STRATA_ARGS="${STRATA_ARGS:---stream-experts auto}" bash "$C/bench-offload.sh" ;;
-    depth) # DEPTH_RUNS ("int8:32768 f16:131072": one bench-kv-depth run each), else DEPTHS x KVS
-           wait_llama && for r in ${DEPTH_RUNS:-${KVS:-f16 int8}:${DEPTHS:-4096 32768}}; do
-             kv=${r%%:*} d=${r#*:}; [ -n "${DEPTH_RUNS:-}" ] || { kv=${KVS:-f16 int8}; d=${DEPTHS:-4096 32768}; }
-             run "depth-${kv// /+}-${d// /+}" "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" \
-               OUT="$L/depth-${kv// /+}-${d// /+}" DEPTHS="$d" KVS="$kv" \
-               LLAMA_ARGS="--n-cpu-moe 22 -t 16 ${LLAMA_EXTRA:-}" \
+    depth) # DEPTH_RUNS ("int8:32768 f16:131072"; default every KVS x DEPTHS): a bench-kv-depth run each
+           runs=${DEPTH_RUNS:-$(for kv in ${KVS:-f16 int8}; do for d in ${DEPTHS:-4096 32768}; do printf '%s:%s ' "$kv" "$d"; done; done)}
+           wait_llama && for r in $runs; do
+             kv=${r%%:*} d=${r#*:}
+             run "depth-$kv-$d" "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/depth-$kv-$d" \
+               DEPTHS="$d" KVS="$kv" LLAMA_ARGS="--n-cpu-moe 22 -t 16 ${LLAMA_EXTRA:-}" \
                STRATA_ARGS="--expert-cache 3072 --profile $P --cpu-threads 16" bash "$C/bench-kv-depth.sh" "$F"
-             [ -n "${DEPTH_RUNS:-}" ] || break
            done ;;
     window) run window 120 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=3 \
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;

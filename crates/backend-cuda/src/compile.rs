@@ -150,8 +150,9 @@ pub(crate) fn cached_image(dir: &Path, stem: &str, arch: &str) -> Option<(Image,
     Some((Image::Ptx(b), path))
 }
 
-/// Writes an image into the cache (atomically: a temporary file, then a rename).
-pub(crate) fn store(dir: &Path, stem: &str, target: &str, image: &Image) {
+/// Writes an image into the cache (atomically: a temporary file, then a rename); its path,
+/// or `None` (logged) when it could not be written.
+pub(crate) fn store(dir: &Path, stem: &str, target: &str, image: &Image) -> Option<PathBuf> {
     let ext = match image {
         Image::Cubin(_) => "cubin",
         Image::Ptx(_) => "ptx",
@@ -161,9 +162,13 @@ pub(crate) fn store(dir: &Path, stem: &str, target: &str, image: &Image) {
     let r = std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&tmp, image.bytes()))
         .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = r {
-        let _ = std::fs::remove_file(&tmp);
-        tracing::warn!("cuda: could not cache kernel image {}: {e}", path.display());
+    match r {
+        Ok(()) => Some(path),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!("cuda: could not cache kernel image {}: {e}", path.display());
+            None
+        }
     }
 }
 

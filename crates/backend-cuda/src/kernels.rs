@@ -95,19 +95,10 @@ fn module_u32(m: sys::CUmodule, name: &str) -> Result<Option<u32>, Error> {
         return Ok(None);
     }
     let mut value = 0u32;
-    // SAFETY: a 4-byte device symbol of the current context into a live u32, on the null
-    // stream, which is synchronised before `value` is read.
-    check("cuMemcpyDtoHAsync_v2", unsafe {
-        sys::cuMemcpyDtoHAsync_v2(
-            (&mut value as *mut u32).cast(),
-            ptr,
-            4,
-            std::ptr::null_mut(),
-        )
-    })?;
-    // SAFETY: the null stream of the current context.
-    check("cuStreamSynchronize", unsafe {
-        sys::cuStreamSynchronize(std::ptr::null_mut())
+    // SAFETY: a 4-byte device symbol of the current context into a live u32 (a synchronous
+    // copy: nothing has been launched on the freshly loaded module yet).
+    check("cuMemcpyDtoH_v2", unsafe {
+        sys::cuMemcpyDtoH_v2((&mut value as *mut u32).cast(), ptr, 4)
     })?;
     Ok(Some(value))
 }
@@ -198,13 +189,11 @@ pub fn precompile(
         }
         let (image, target) =
             compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?;
-        compile::store(&dir, &stem, &target, &image);
-        let (_, path) =
-            compile::cached_image(&dir, &stem, &arch).ok_or_else(|| Error::Compile {
-                module: module.to_string(),
-                arch: arch.clone(),
-                log: format!("the image could not be written under {}", dir.display()),
-            })?;
+        let path = compile::store(&dir, &stem, &target, &image).ok_or_else(|| Error::Compile {
+            module: module.to_string(),
+            arch: arch.clone(),
+            log: format!("the image could not be written under {}", dir.display()),
+        })?;
         done.push((*module, path, true));
     }
     Ok(done)

@@ -593,6 +593,10 @@ pub(crate) const ALIASES: &[Alias] = &[Alias {
     max_tokens: crate::attention_long::ATT_LONG_MAX_TOKENS,
 }];
 
+// attention_rows' contract (core) must fit what the alias takes.
+const _: () =
+    assert!(crate::attention_long::ATT_LONG_MAX_TOKENS >= strata_core::ATTENTION_ROWS_MAX_TOKENS);
+
 /// The kernel whose function `id` runs on this backend, when it runs another's.
 pub fn runs_as(id: KernelId) -> Option<KernelId> {
     ALIASES.iter().find(|a| a.id == id).map(|a| a.runs)
