@@ -9,10 +9,11 @@
 #
 # Env: DEPTHS (default "4096 32768"), KVS (default "f16 int8"), N (default 64), REPS
 # (default 1), STRATA_ARGS / LLAMA_ARGS (e.g. an expert cache and --n-cpu-moe for the
-# issue's 50% cache; default everything resident: -ngl 99), OUT. Prints a markdown table.
+# issue's 50% cache; default everything resident: -ngl 99), OUT, LLAMA=0 (strata alone, e.g.
+# to re-measure strata after a change; the table then has no ratio). Prints a markdown table.
 set -euo pipefail
 STRATA=${STRATA:-target/release/strata}
-LLAMA_BIN=${LLAMA_BIN:?set LLAMA_BIN to llama.cpp CUDA build/bin}
+[ "${LLAMA:-1}" = 0 ] || LLAMA_BIN=${LLAMA_BIN:?set LLAMA_BIN to llama.cpp CUDA build/bin}
 MODEL_DIR=${MODEL_DIR:-/tmp/strata-bench}
 MODEL=${1:-$MODEL_DIR/qwen3-30b-a3b-shape-Q4_K.gguf}
 OUT=${OUT:-$MODEL_DIR/out-depth}
@@ -27,10 +28,12 @@ for d in $DEPTHS; do [ "$d" -gt "$max_depth" ] && max_depth=$d; done
 for kv in $KVS; do
   case $kv in f16) lt=f16 ;; int8) lt=q8_0 ;; *) echo "unknown K/V type $kv" >&2; exit 1 ;; esac
   for d in $DEPTHS; do
-    echo "== $kv depth $d: llama.cpp" >&2
-    # shellcheck disable=SC2086
-    "$LLAMA_BIN/llama-bench" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n "$N" -d "$d" -ctk "$lt" -ctv "$lt" \
-      -r "$REPS" ${LLAMA_ARGS:-} -o json > "$OUT/llama-$kv-$d.json"
+    if [ "${LLAMA:-1}" != 0 ]; then
+      echo "== $kv depth $d: llama.cpp" >&2
+      # shellcheck disable=SC2086
+      "$LLAMA_BIN/llama-bench" -m "$MODEL" -ngl 99 -fa 1 -p 0 -n "$N" -d "$d" -ctk "$lt" -ctv "$lt" \
+        -r "$REPS" ${LLAMA_ARGS:-} -o json > "$OUT/llama-$kv-$d.json"
+    fi
     echo "== $kv depth $d: strata" >&2
     # shellcheck disable=SC2086
     "$STRATA" bench -m "$MODEL" --backend cuda -p 0 -d "$d" -n "$N" -r "$REPS" --kv "$kv" \
@@ -44,9 +47,13 @@ print("| K/V | depth | llama.cpp tok/s | strata tok/s | ratio |")
 print("|---|---:|---:|---:|---:|")
 for kv in kvs:
     for d in depths:
-        llama = json.load(open(f"{out}/llama-{kv}-{d}.json"))
-        lt = [r["avg_ts"] for r in llama if r["n_gen"] > 0][0]
         st = json.load(open(f"{out}/strata-{kv}-{d}.json"))["decode_tokens_per_s"]
         name = "int8 (q8_0)" if kv == "int8" else kv
+        try:
+            llama = json.load(open(f"{out}/llama-{kv}-{d}.json"))
+        except FileNotFoundError:  # LLAMA=0
+            print(f"| {name} | {d} | - | {st:.1f} | - |")
+            continue
+        lt = [r["avg_ts"] for r in llama if r["n_gen"] > 0][0]
         print(f"| {name} | {d} | {lt:.1f} | {st:.1f} | {st / lt:.2f}x |")
 PY

@@ -7,7 +7,9 @@
 #   ci/bench-spec.sh          REPS (default 3), K (4), N_1K (tokens for rewrite_1k, 1024),
 #                             WORKLOADS (default "rewrite_function repeat_function rewrite_1k"),
 #                             LLAMA_BIN (folder of llama-server; LLAMA=0 skips the anchor),
-#                             LLAMA_REPS (anchor runs per workload, default REPS)
+#                             LLAMA_REPS (anchor runs per workload, default REPS),
+#                             LLAMA_DRAFT (a draft GGUF: adds llama.cpp's draft-model mode,
+#                             --spec-type draft-simple, up to K drafts, to the anchor)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${REPS:-3}; k=${K:-4}; n1k=${N_1K:-1024}
@@ -23,6 +25,8 @@ fi
 model=${MODEL:-$(ci/fetch-models.sh)}
 read -r -a strata_args <<<"${STRATA_ARGS:-}"
 read -r -a llama_args <<<"${LLAMA_ARGS:-}"
+# LLAMA_DRAFT_ARGS: the draft model's placement, e.g. "-ngld 99" on a GPU machine.
+read -r -a llama_draft_args <<<"${LLAMA_DRAFT_ARGS:-}"
 fixtures=tests/fixtures/spec
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -37,6 +41,7 @@ args() {
     *) echo "-n 128" ;;
   esac
 }
+div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.6f\n", a / b }'; }  # no bc on every machine
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 
 printf '| workload | runs | --spec 0 tok/s | --spec %s tok/s | speed-up (per run) | windows | accepted/window | acceptance | row cost |\n' "$k"
@@ -53,7 +58,7 @@ for w in $workloads; do
     done
     cmp -s "$out/$w.0.$r.txt" "$out/$w.$k.$r.txt" ||
       { echo "$w run $r: --spec $k output differs from --spec 0" >&2; exit 1; }
-    echo "$(cat "$out/$w.$k.$r.tps") / $(cat "$out/$w.0.$r.tps")" | bc -l >>"$out/ratios"
+    div "$(cat "$out/$w.$k.$r.tps")" "$(cat "$out/$w.0.$r.tps")" >>"$out/ratios"
   done
   base=$(cat "$out/$w.0."*.tps | median)
   spec=$(cat "$out/$w.$k."*.tps | median)
@@ -92,18 +97,34 @@ if [ "${LLAMA:-1}" != 0 ] && [ -x "$llama_bin/llama-server" ]; then
       curl -sf "localhost:$port/v1/chat/completions" -d "$body"
     fi | python3 -c 'import json,sys; t=json.load(sys.stdin)["timings"]; print(round(t["predicted_per_second"],2), t.get("draft_n",0), t.get("draft_n_accepted",0))'
   }
-  printf '\nllama.cpp anchor (llama-server, ngram-simple size-n 3 size-m %s):\n\n' "$k"
-  printf '| workload | plain tok/s | ngram-simple tok/s | speed-up | drafts accepted |\n|---|---|---|---|---|\n'
+  draft=${LLAMA_DRAFT:-}
+  printf '\nllama.cpp anchor (llama-server, ngram-simple size-n 3 size-m %s%s):\n\n' "$k" \
+    "${draft:+; draft-model mode: draft-simple, -md $(basename "$draft"), up to $k drafts}"
+  if [ -n "$draft" ]; then
+    printf '| workload | plain tok/s | ngram-simple tok/s | speed-up | drafts accepted | draft-model tok/s | speed-up | drafts accepted |\n|---|---|---|---|---|---|---|---|\n'
+  else
+    printf '| workload | plain tok/s | ngram-simple tok/s | speed-up | drafts accepted |\n|---|---|---|---|---|\n'
+  fi
   for w in $workloads; do
-    : >"$out/l.plain"; : >"$out/l.spec"
+    : >"$out/l.plain"; : >"$out/l.spec"; : >"$out/l.draft"
     for r in $(seq "${LLAMA_REPS:-$reps}"); do
       serve; ask "$w" >>"$out/l.plain"; kill "$pid"; wait "$pid" 2>/dev/null || true
       serve --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$k"
       ask "$w" >>"$out/l.spec"; kill "$pid"; wait "$pid" 2>/dev/null || true
+      if [ -n "$draft" ]; then
+        serve --spec-type draft-simple -md "$draft" --spec-draft-n-max "$k" "${llama_draft_args[@]}"
+        ask "$w" >>"$out/l.draft"; kill "$pid"; wait "$pid" 2>/dev/null || true
+      fi
     done
     lp=$(cut -d' ' -f1 "$out/l.plain" | median); ls=$(cut -d' ' -f1 "$out/l.spec" | median)
-    printf '| %s | %s | %s | %.2fx | %s |\n' "$w" "$lp" "$ls" "$(echo "$ls / $lp" | bc -l)" \
-      "$(awk '{d+=$2; a+=$3} END {print a "/" d}' "$out/l.spec")"
+    row=$(printf '| %s | %s | %s | %.2fx | %s |' "$w" "$lp" "$ls" "$(div "$ls" "$lp")" \
+      "$(awk '{d+=$2; a+=$3} END {print a "/" d}' "$out/l.spec")")
+    if [ -n "$draft" ]; then
+      ld=$(cut -d' ' -f1 "$out/l.draft" | median)
+      row+=$(printf ' %s | %.2fx | %s |' "$ld" "$(div "$ld" "$lp")" \
+        "$(awk '{d+=$2; a+=$3} END {print a "/" d}' "$out/l.draft")")
+    fi
+    echo "$row"
   done
 fi
 printf '\n(%s threads; load average before: %s, after: %s)\n' "$(nproc)" "$load_before" \

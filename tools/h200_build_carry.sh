@@ -43,4 +43,11 @@ if [ -d "$NVRTC_LIB" ]; then
   tar cJf "$C/kcache.tar.xz" -C "$K" . && rm -rf "$K"
 fi
 git rev-parse HEAD > "$C/COMMIT"
+# BUNDLE=1: the binaries xz-packed (about a third of their size; h200_call.sh's unpack step),
+# so a call has room for other things beside them (a call's tree and carry: 64 MiB).
+if [ "${BUNDLE:-0}" = 1 ]; then
+  bins=$(cd "$C" && for f in *; do [ -x "$f" ] && [ "${f##*.}" != sh ] && echo "$f"; done)
+  # shellcheck disable=SC2086
+  (cd "$C" && tar cf - $bins | xz -T2 -6 > bundle.tar.xz && rm $bins)
+fi
 du -sh "$C"

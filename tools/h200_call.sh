@@ -17,6 +17,7 @@ C=$PWD/.carry/h200
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/usr/local/cuda/bin:$PATH RUST_BACKTRACE=1
 S=$C/strata D=/dev/shm/sb L=/tmp/logs LB=/tmp/lc/llama.cpp/build/bin
 F=$D/qwen3-30b-a3b-shape-Q4_K-skew1.0.gguf P=$D/profile.json
+SD=/dev/shm/smol SM=/dev/shm/smol/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p "$D" "$L"
 T0=$(date +%s)
 trap 'tar czf "${OUT:-/tmp}/logs.tgz" -C /tmp logs 2>/dev/null' EXIT
@@ -33,6 +34,7 @@ run() {
 }
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
+NOROWS=$DEF,mul_mat_vec_q8_rows
 B="$S bench -m $F --backend cuda --cpu-threads 16 --profile $P --expert-cache 3072"
 for step in "$@"; do
   case $step in
@@ -54,7 +56,7 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
                THREADS=16 STRATA_ARGS="${STRATA_ARGS:---stream-experts auto}" bash "$C/bench-offload.sh" ;;
     depth) # DEPTH_RUNS ("int8:32768 f16:131072"; default every KVS x DEPTHS): a bench-kv-depth run each
            runs=${DEPTH_RUNS:-$(for kv in ${KVS:-f16 int8}; do for d in ${DEPTHS:-4096 32768}; do printf '%s:%s ' "$kv" "$d"; done; done)}
-           wait_llama && for r in $runs; do
+           { [ "${LLAMA:-1}" = 0 ] || wait_llama; } && for r in $runs; do
              kv=${r%%:*} d=${r#*:}
              run "depth-$kv-$d" "$(left)" env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/depth-$kv-$d" \
                DEPTHS="$d" KVS="$kv" LLAMA_ARGS="--n-cpu-moe 22 -t 16 ${LLAMA_EXTRA:-}" \
@@ -62,8 +64,8 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            done ;;
     window) run window 120 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=3 \
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
-    window-rows) # the same with mul_mat_vec_q8_rows (left out by default until measured)
-              run window-rows 120 env STRATA_CUDA_SKIP="$DEF" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+    window-norows) # the same without mul_mat_vec_q8_rows (the tiled mul_mat takes the windows)
+              run window-norows 120 env STRATA_CUDA_SKIP="$NOROWS" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     kt-att) run kt-att 90 env STRATA_KERNEL_TIMING=1 $B -p 0 -d 32768 -n 32
             run kt-att-long 90 env STRATA_KERNEL_TIMING=1 STRATA_CUDA_SKIP=$DEF,attention_flash,attention_flash_q8 \
@@ -88,8 +90,40 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            done
            [ -n "$best" ] && export STRATA_CACHE_DIR="/tmp/kc/$best" STRATA_NVRTC_DEFINES="$(cat "/tmp/kc/$best/DEFINES")"
            stamp "sweep: kept ${best:-none} ($best_us us)" ;;
-    quick) for t in attention_flash model_ops model_logits; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
+    quick) for t in ${QUICK:-attention_flash model_ops model_logits}; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
     cb) [ -x "$C/cuda_backend" ] && run test-cuda_backend "${CB_LIMIT:-300}" "$C/cuda_backend" --test-threads=1 ;;
+    unpack) # the binaries travel xz-packed (tools/h200_build_carry.sh BUNDLE=1) to leave room in a call
+            [ -f "$C/bundle.tar.xz" ] && tar xJf "$C/bundle.tar.xz" -C "$C" && rm "$C/bundle.tar.xz"
+            stamp "carry: $(cat "$C/COMMIT" 2>/dev/null) $(ls "$C" | wc -l) files" ;;
+    stash) # pieces of SmolLM2 (tools/h200_smol_parts.sh), one or more a call, kept in /dev/shm
+           mkdir -p "$SD" && for f in .carry/smol*/part.*; do [ -f "$f" ] && cp "$f" "$SD/"; done
+           stamp "SmolLM2 pieces: $(ls "$SD" | tr '\n' ' ')" ;;
+    smol) # the pieces joined and checked, then SmolLM2 on the GPU: its logits test against the
+          # CPU, and speculative decoding next to llama.cpp's n-gram and draft-model modes
+          [ -f "$SM" ] || { cat "$SD"/part.* | xz -d > "$SM" && rm -f "$SD"/part.*; }
+          sum=$(sha256sum "$SM" | cut -d' ' -f1)
+          [ "$sum" = "$(cat .carry/smol*/SHA256 2>/dev/null | head -1)" ] || { stamp "SmolLM2 checksum $sum differs"; rm -f "$SM"; continue; }
+          export STRATA_SMOLLM2=$SM
+          run smol-logits 200 "$C/model_logits" --test-threads=1 smollm2
+          wait_llama && run smol-spec "$(left)" env STRATA="$S" MODEL="$SM" STRATA_ARGS="--backend cuda" \
+            LLAMA_BIN="$LB" LLAMA_ARGS="-ngl 99" LLAMA_DRAFT="$SM" LLAMA_DRAFT_ARGS="-ngld 99" \
+            REPS="${SMOL_REPS:-2}" bash ci/bench-spec.sh ;;
+    ncu) # Nsight Compute on a few launches of the products a decode step and a window spend most in
+         # (50% cache: eager launches), and llama.cpp's matvec on the same file all resident
+         sec="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
+         # shellcheck disable=SC2086
+         run ncu-step 120 ncu --kernel-name "regex:${NCU_KERNELS:-mul_mat_experts_cached|experts_gate_up|mul_mat_vec|mul_mat_qkv}" \
+           --launch-skip 400 --launch-count 8 $sec $B -p 0 -n 12 -r 1
+         # shellcheck disable=SC2086
+         run ncu-window 120 env STRATA_CUDA_SKIP="$DEF" ncu --kernel-name "regex:mul_mat_experts_cached_multi|mul_mat_vec_q8_rows" \
+           --launch-skip 200 --launch-count 6 $sec $B -p 64 -n 24 -r 1 --spec-window-cost 4
+         ;;
+    ncu-llama) # shellcheck disable=SC2086
+         sec="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
+         wait_llama && run ncu-llama 120 ncu --kernel-name "regex:mul_mat_vec_q" --launch-skip 300 --launch-count 8 $sec \
+           "$LB/llama-bench" -m "$F" -ngl 99 -fa 1 -p 0 -n 4 -r 1
+         for n in llama step window; do grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Block Size|Stall|One or More|No Eligible" \
+           "$L/ncu-$n.txt" 2>/dev/null | head -60 > "$L/ncu-$n-short.txt"; done ;;
     pool) for th in 16 8; do run "pool-$th" 60 env STRATA_KERNEL_TIMING=1 STRATA_POOL_BENCH_FILE="$F" \
             STRATA_POOL_BENCH_THREADS=$th "$C/pool_timing"; done ;;
     *) echo "unknown step $step"; exit 2 ;;

@@ -143,7 +143,7 @@ fn mul_mat_rows(
 fn mul_mat_vec_q8_rows_is_bit_for_bit_each_row_alone() {
     let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let test = "mul_mat_vec_q8_rows_is_bit_for_bit_each_row_alone";
-    // Every variant in use (mul_mat_vec_q8_rows too, which the default list leaves out),
+    // Every variant in use (mul_mat_vec_q8_rows among them),
     // and the same without it: the tiled mul_mat takes the windows.
     let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_vec_q8_rows")) else {
         return;

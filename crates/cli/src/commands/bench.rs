@@ -86,6 +86,28 @@ fn weight_bytes_per_token(model: &strata_model::Model) -> f64 {
         .sum()
 }
 
+/// Bytes of weights a forward reads outside the routed experts (every matrix once, the
+/// embedding as in [`weight_bytes_per_token`]), and the bytes of one routed expert summed
+/// over the layers: a forward whose layers route to `d` distinct experts each reads
+/// `dense + d · expert`.
+fn weight_bytes_dense_and_expert(model: &strata_model::Model) -> (f64, f64) {
+    let experts = model.hp.moe.as_ref().map_or(1.0, |m| m.n_expert as f64);
+    let routed: f64 = model
+        .gguf
+        .tensors()
+        .iter()
+        .filter(|t| t.name.contains("_exps"))
+        .map(|t| t.n_bytes as f64)
+        .sum();
+    let used = model
+        .hp
+        .moe
+        .as_ref()
+        .map_or(0.0, |m| m.n_expert_used as f64);
+    let expert = routed / experts;
+    (weight_bytes_per_token(model) - used * expert, expert)
+}
+
 /// The fields every `--json` object of `bench` starts with: what ran, where, how.
 fn args_json(args: &Args, loaded: &common::Loaded) -> serde_json::Value {
     let info = loaded.dev.info();
@@ -395,6 +417,22 @@ fn window_cost(
                 eprintln!(
                     "strata bench: a window's MoE layers (ms): {}",
                     w.window.summary(w.windows)
+                );
+            }
+            if let Some(p) = &cost.plain_experts {
+                let (dense, expert) = weight_bytes_dense_and_expert(&loaded.model);
+                let bytes = |distinct: f64| dense + distinct * expert;
+                let (step, window) = (
+                    bytes(p.decode.distinct_experts_per_layer()),
+                    bytes(w.window.distinct_experts_per_layer()),
+                );
+                // Both read at one bandwidth, a window costs at least this many steps.
+                eprintln!(
+                    "strata bench: weights a step reads {:.3} GB, a window of {} {:.3} GB ({:.2}x: each distinct expert once)",
+                    step / 1e9,
+                    cost.k + 1,
+                    window / 1e9,
+                    window / step
                 );
             }
         }

@@ -395,6 +395,12 @@ impl ExpertCache {
                 cpu_tok.push(p / k);
             }
         }
+        if let Some(t) = self.timeline(n) {
+            let mut seen: Vec<i32> = ids.to_vec();
+            seen.sort_unstable();
+            seen.dedup();
+            t.distinct_experts += seen.len() as u64;
+        }
         let misses = cpu_ids.len() as u64;
         let hits = pairs as u64 - misses;
         if n == 1 {

@@ -64,6 +64,9 @@ pub struct DecodeTimeline {
     pub pool_seconds: f64,
     /// The pool's outputs back to the device and the sum queued.
     pub return_seconds: f64,
+    /// Distinct experts the layers' tokens were routed to, summed over layers: the expert
+    /// weights a layer reads once per expert (a window's tokens share some of theirs).
+    pub distinct_experts: u64,
 }
 
 impl ExpertStats {
@@ -99,15 +102,21 @@ impl ExpertStats {
 
 impl DecodeTimeline {
     /// The phases per step, in milliseconds, over `steps` steps.
+    /// Distinct routed experts per MoE layer (0 before any layer).
+    pub fn distinct_experts_per_layer(&self) -> f64 {
+        self.distinct_experts as f64 / self.layers.max(1) as f64
+    }
+
     pub fn summary(&self, steps: u64) -> String {
         let ms = |s: f64| 1e3 * s / steps.max(1) as f64;
         format!(
-            "launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}",
+            "launches {:.2}, router wait {:.2}, activations {:.2}, CPU pool {:.2}, return {:.2}; {:.1} distinct experts a layer",
             ms(self.launch_seconds),
             ms(self.router_wait_seconds),
             ms(self.activation_wait_seconds),
             ms(self.pool_seconds),
             ms(self.return_seconds),
+            self.distinct_experts_per_layer(),
         )
     }
 }

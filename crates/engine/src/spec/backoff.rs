@@ -68,9 +68,12 @@ pub struct BackOff {
     probe: bool,
     /// Windows since the last plain step.
     windows_in_a_row: usize,
-    /// Whether a window was timed yet (the first one is not: it also grows the logits
-    /// scratch to a window's rows).
-    warmed_up: bool,
+    /// Window lengths (bit `d`: windows of `d` drafts) run before. The first window of
+    /// each length is not timed: it also captures that length's graph (GPU backends: tens
+    /// of steps' time) or grows the logits scratch to its rows.
+    warmed_up: u64,
+    /// Whether a plain step ran before (the first also captures the decode graph).
+    step_warmed_up: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -186,7 +189,9 @@ impl BackOff {
     /// A plain step took `t`.
     pub fn record_step(&mut self, t: Duration) {
         self.windows_in_a_row = 0;
-        self.step_s.push(t.as_secs_f64());
+        if std::mem::replace(&mut self.step_warmed_up, true) {
+            self.step_s.push(t.as_secs_f64());
+        }
     }
 
     /// A window of `drafted` drafts took `t` (drafting, verifying and accepting).
@@ -194,7 +199,10 @@ impl BackOff {
         let Some(step) = self.step_s.median() else {
             return;
         };
-        if drafted == 0 || !std::mem::replace(&mut self.warmed_up, true) {
+        let bit = 1u64 << drafted.min(63);
+        let seen = self.warmed_up & bit != 0;
+        self.warmed_up |= bit;
+        if drafted == 0 || !seen {
             return;
         }
         let extra = ((t.as_secs_f64() - step) / drafted as f64).max(0.0);
@@ -240,11 +248,19 @@ mod tests {
     fn failed_windows_turn_a_class_off_and_others_stay_on() {
         let mut b = BackOff::new();
         assert!(b.wants_plain_step(), "the step cost is measured first");
+        b.record_step(Duration::from_millis(500));
+        assert!(
+            b.wants_plain_step(),
+            "the first step captures a graph: not timed"
+        );
         b.record_step(Duration::from_millis(10));
         assert!(!b.wants_plain_step());
         b.record_window_time(4, Duration::from_millis(300));
         assert_eq!(b.measured_row_cost(), None, "the first window is a warm-up");
         b.record_window_time(4, Duration::from_millis(30));
+        assert!((b.row_cost() - 0.5).abs() < 1e-9);
+        // A window of another length captures its own graph first: not timed either.
+        b.record_window_time(2, Duration::from_millis(400));
         assert!((b.row_cost() - 0.5).abs() < 1e-9);
         assert!(b.drafts_for(1, 4) > 0, "a fresh class is tried");
         for _ in 0..2 {
