@@ -170,7 +170,6 @@ impl<'t> Job<'t> {
         };
         let took = t.elapsed();
         self.decode_time += took;
-        self.input = None;
         match step {
             Step::Logits(logits) => {
                 metrics.decode(1, took);
@@ -210,6 +209,9 @@ impl<'t> Job<'t> {
         logits: &[f32],
         metrics: &Metrics,
     ) -> Option<StopReason> {
+        // The previous token is in the context now (its logits chose `id`), as a plain
+        // step would have fed it, even when both came from one window.
+        self.input = None;
         let params = &self.task.params;
         if self.out_tokens.len() >= params.max_tokens {
             return Some(StopReason::Length);

@@ -151,7 +151,13 @@ impl Logs {
 
 /// The requests of both servers (one slot, so a follow-up finds its conversation either
 /// still in the context or parked).
-fn scenario(model: &Arc<Model>, dev: &Device, path: &Path, spec: SpecConfig) -> Run {
+fn scenario(
+    model: &Arc<Model>,
+    dev: &Device,
+    path: &Path,
+    spec: SpecConfig,
+    draft: Option<Arc<Model>>,
+) -> Run {
     let tok = Arc::new(Tokenizer::from_gguf_file(path).unwrap());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -172,6 +178,7 @@ fn scenario(model: &Arc<Model>, dev: &Device, path: &Path, spec: SpecConfig) -> 
     }));
     let config = EngineConfig {
         spec,
+        draft,
         ..EngineConfig::new(N_CTX, 512, 1, 64)
     };
     let engine = Engine::start(
@@ -313,24 +320,41 @@ fn serve_spec_answers_as_plain_decoding() {
     let gguf = Arc::new(strata_gguf::GgufFile::open(&path).unwrap());
     let model = Arc::new(Model::load(&dev, dev.main_stream(), gguf, |_, _| {}).unwrap());
 
-    let plain = scenario(&model, &dev, &path, SpecConfig::new(0));
+    let plain = scenario(&model, &dev, &path, SpecConfig::new(0), None);
     let plain_lines = logs.lines().len();
-    let spec = SpecConfig {
+    let fixed = SpecConfig {
         k: 4,
         adaptive: false,
     };
-    let fast = scenario(&model, &dev, &path, spec);
-    for (i, (p, s)) in plain.bodies.iter().zip(&fast.bodies).enumerate() {
-        eprintln!("answer {i}: {}", p["choices"][0]);
-        assert_eq!(p, s, "answer {i} differs with --spec 4");
+    let fast = scenario(&model, &dev, &path, fixed.clone(), None);
+    // The default policy (windows only where they pay, so where they fall depends on
+    // timings) and a draft model (SmolLM2 drafting for itself, in each slot's own
+    // context) give the same answers too.
+    let adaptive = scenario(&model, &dev, &path, SpecConfig::new(4), None);
+    let drafted = scenario(&model, &dev, &path, fixed, Some(model.clone()));
+    for (name, run) in [
+        ("fixed", &fast),
+        ("adaptive", &adaptive),
+        ("draft model", &drafted),
+    ] {
+        assert_eq!(plain.bodies.len(), run.bodies.len());
+        for (i, (p, s)) in plain.bodies.iter().zip(&run.bodies).enumerate() {
+            assert_eq!(p, s, "answer {i} differs with --spec 4 ({name})");
+        }
+        assert_eq!(plain.streams, run.streams, "streamed answers ({name})");
+        assert_eq!(
+            plain.resumed, run.resumed,
+            "tokens the follow-ups reused ({name})"
+        );
+        eprintln!(
+            "{name}: {} windows, {}/{} drafts accepted",
+            run.windows, run.accepted, run.drafted
+        );
     }
-    assert_eq!(plain.bodies.len(), fast.bodies.len());
-    assert_eq!(plain.streams, fast.streams, "streamed answers");
-    assert_eq!(plain.resumed, fast.resumed, "tokens the follow-ups reused");
-    eprintln!(
-        "reused {:?}; spec: {} windows, {}/{} drafts accepted",
-        fast.resumed, fast.windows, fast.accepted, fast.drafted
-    );
+    for (i, b) in plain.bodies.iter().enumerate() {
+        eprintln!("answer {i}: {}", b["choices"][0]);
+    }
+    assert!(drafted.windows > 0 && drafted.accepted > 0);
 
     // The answers are what the requests were meant to be.
     let repeated = plain.bodies[0]["choices"][0]["text"].as_str().unwrap();
@@ -365,7 +389,7 @@ fn serve_spec_answers_as_plain_decoding() {
         .iter()
         .filter(|l| l.contains("request done"))
         .collect();
-    assert_eq!(done.len(), 2 * 9, "{done:?}");
+    assert_eq!(done.len(), 4 * 9, "{done:?}");
     assert!(
         lines[..plain_lines]
             .iter()
