@@ -158,9 +158,9 @@ impl<'t> Job<'t> {
         {
             Ok(s) => s,
             // A window needs more cells than a plain step: an elastic K/V that cannot grow
-            // for the window may still hold the one token (the failed window changed
+            // for the window may still hold the one token (the refused window changed
             // nothing), so the answer stays the one plain decoding gives.
-            Err(EngineError::KvFull { .. }) if self.speculator.config.k > 0 => {
+            Err(EngineError::KvFull { needed, .. }) if needed > ctx.tokens().len() + 1 => {
                 match ctx.eval(&[input]) {
                     Ok(l) => Step::Logits(l),
                     Err(e) => return kv_full(e, metrics),
