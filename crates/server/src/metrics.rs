@@ -361,7 +361,12 @@ mod tests {
         m.observe_ttft(Duration::from_millis(30));
         m.observe_ttft(Duration::from_secs(2));
         m.prefill(100, Duration::from_millis(500));
+        m.spec_window(4, 3);
+        m.spec_window(2, 0);
         let text = m.render();
+        assert!(text.contains("strata_spec_windows_total 2\n"));
+        assert!(text.contains("strata_spec_draft_tokens_total 6\n"));
+        assert!(text.contains("strata_spec_accepted_tokens_total 3\n"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"0.025\"} 0"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"2.5\"} 2"));
