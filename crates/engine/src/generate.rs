@@ -116,7 +116,7 @@ pub fn generate_with(
         Some(d) => d,
         None => &mut ngram,
     };
-    let mut speculator = Speculator::new(config.clone(), drafter);
+    let mut speculator = Speculator::new(config.clone());
     // Tokens a verify window decided that are not emitted yet (accepted drafts, then the
     // last token); every one but the last already has its K/V in the context.
     let mut queued: VecDeque<u32> = VecDeque::new();
@@ -188,9 +188,9 @@ pub fn generate_with(
         // Room for drafts: the window must fit the context, and more than the remaining
         // budget is wasted work.
         let room = (ctx.n_ctx() - history.len()).min(params.max_tokens - out_tokens.len() - 1);
-        match speculator.step(ctx, &mut sampler, &history, room)? {
+        match speculator.step(ctx, &mut sampler, drafter, &history, room)? {
             Step::Logits(l) => logits = l,
-            Step::Tokens(t) => queued.extend(t),
+            Step::Tokens { tokens, .. } => queued.extend(tokens),
         }
     };
     // Accepted drafts past the stop are not part of the conversation.

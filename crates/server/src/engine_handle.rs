@@ -12,6 +12,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use strata_core::Device;
+use strata_engine::spec::{SpecConfig, SpecStats};
 use strata_engine::{GenerateParams, StopReason};
 use strata_model::Model;
 use strata_model::tokenizer::Tokenizer;
@@ -43,6 +44,12 @@ pub struct EngineConfig {
     /// Elastic K/V (`--kv-grow`): each context's K/V starts small, grows on demand
     /// (taking expert-cache slots) and is trimmed back when its request ends.
     pub kv_grow: Option<strata_engine::kv_grow::KvGrowOptions>,
+    /// Speculative decoding of every request (`--spec K`, `--spec-fixed`; K 0: off).
+    pub spec: SpecConfig,
+    /// The draft model (`--draft-model`), already checked against the model's vocabulary:
+    /// each slot drafts with it in a context of its own. None: prompt lookup (n-grams of
+    /// the slot's conversation).
+    pub draft: Option<Arc<Model>>,
 }
 
 impl EngineConfig {
@@ -61,6 +68,8 @@ impl EngineConfig {
             experts: None,
             kv: strata_model::KvFormat::F16,
             kv_grow: None,
+            spec: SpecConfig::new(0),
+            draft: None,
         }
     }
 
@@ -110,6 +119,10 @@ pub struct Finished {
     pub completion_tokens: usize,
     /// Prompt tokens whose K/V was reused (parked or still resident).
     pub reused_tokens: usize,
+    /// Seconds of decode steps (prefill excluded).
+    pub decode_seconds: f64,
+    /// The request's verify windows, with speculative decoding on.
+    pub spec: Option<SpecStats>,
 }
 
 /// What the scheduler thread receives.

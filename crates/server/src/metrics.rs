@@ -43,6 +43,11 @@ pub struct Metrics {
     pub kv_trim_micros_max: AtomicU64,
     pub kv_refusals_total: AtomicU64,
     pub kv_cells: AtomicU64,
+    /// Speculative decoding (`--spec K`): verify windows, drafts verified in them, drafts
+    /// accepted.
+    pub spec_windows_total: AtomicU64,
+    pub spec_draft_tokens_total: AtomicU64,
+    pub spec_accepted_tokens_total: AtomicU64,
     ttft_buckets: [AtomicU64; TTFT_BUCKETS.len()],
     ttft_count: AtomicU64,
     ttft_micros_sum: AtomicU64,
@@ -65,6 +70,13 @@ impl Metrics {
     pub fn decode(&self, tokens: usize, took: Duration) {
         Self::add(&self.decode_tokens_total, tokens as u64);
         Self::add(&self.decode_micros_total, took.as_micros() as u64);
+    }
+
+    /// A verify window of `drafted` drafts accepted `accepted` of them.
+    pub fn spec_window(&self, drafted: usize, accepted: usize) {
+        Self::add(&self.spec_windows_total, 1);
+        Self::add(&self.spec_draft_tokens_total, drafted as u64);
+        Self::add(&self.spec_accepted_tokens_total, accepted as u64);
     }
 
     pub fn observe_ttft(&self, t: Duration) {
@@ -122,7 +134,7 @@ impl Metrics {
                 get(tokens) as f64 / (us as f64 / 1e6)
             }
         };
-        let counters: [(&str, &str, &AtomicU64); 14] = [
+        let counters: [(&str, &str, &AtomicU64); 17] = [
             (
                 "strata_requests_total",
                 "Completion requests received.",
@@ -155,7 +167,7 @@ impl Metrics {
             ),
             (
                 "strata_decode_tokens_total",
-                "Single-token decode steps.",
+                "Tokens taken from decode steps (a verify window gives its accepted drafts and one more).",
                 &self.decode_tokens_total,
             ),
             (
@@ -193,6 +205,21 @@ impl Metrics {
                 "Requests stopped (finish_reason length) because the K/V could not grow beside --vram-reserve-mib.",
                 &self.kv_refusals_total,
             ),
+            (
+                "strata_spec_windows_total",
+                "Speculative verify windows (--spec K): decode steps that checked drafts.",
+                &self.spec_windows_total,
+            ),
+            (
+                "strata_spec_draft_tokens_total",
+                "Drafted tokens verified in windows.",
+                &self.spec_draft_tokens_total,
+            ),
+            (
+                "strata_spec_accepted_tokens_total",
+                "Drafted tokens the model accepted.",
+                &self.spec_accepted_tokens_total,
+            ),
         ];
         for (name, help, c) in counters {
             row(name, "counter", help, get(c).to_string());
@@ -206,7 +233,7 @@ impl Metrics {
         row(
             "strata_decode_seconds_total",
             "counter",
-            "Seconds spent in decode steps.",
+            "Seconds spent in decode steps (verify windows included).",
             format!("{:.6}", get(&self.decode_micros_total) as f64 / 1e6),
         );
         row(
@@ -221,7 +248,7 @@ impl Metrics {
         row(
             "strata_decode_tokens_per_second",
             "gauge",
-            "Tokens per second of decode steps, over the server's life.",
+            "Tokens per second of decode steps (verify windows included), over the server's life.",
             format!(
                 "{:.2}",
                 rate(&self.decode_tokens_total, &self.decode_micros_total)
@@ -334,7 +361,12 @@ mod tests {
         m.observe_ttft(Duration::from_millis(30));
         m.observe_ttft(Duration::from_secs(2));
         m.prefill(100, Duration::from_millis(500));
+        m.spec_window(4, 3);
+        m.spec_window(2, 0);
         let text = m.render();
+        assert!(text.contains("strata_spec_windows_total 2\n"));
+        assert!(text.contains("strata_spec_draft_tokens_total 6\n"));
+        assert!(text.contains("strata_spec_accepted_tokens_total 3\n"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"0.025\"} 0"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
         assert!(text.contains("strata_time_to_first_token_seconds_bucket{le=\"2.5\"} 2"));

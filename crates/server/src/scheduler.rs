@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use strata_core::Device;
 use strata_engine::kv_grow::KvGrowOptions;
+use strata_engine::spec::{DraftModel, Drafter, NgramDrafter, SpecConfig};
 use strata_engine::{Context, StopReason};
 use strata_model::Model;
 use strata_model::tokenizer::Tokenizer;
 
-use crate::engine_handle::{EngineConfig, Event, Message, Task};
+use crate::engine_handle::{EngineConfig, Event, Finished, Message, Task};
 use crate::error::ServerError;
 use crate::metrics::Metrics;
 use crate::park::{ParkStore, common_prefix};
@@ -37,10 +38,15 @@ pub struct Scheduler {
     experts: Option<strata_engine::experts::SharedExpertCache>,
     kv: strata_model::KvFormat,
     kv_grow: Option<KvGrowOptions>,
+    spec: SpecConfig,
+    draft: Option<Arc<Model>>,
 }
 
 struct Slot<'t> {
     ctx: Context,
+    /// Drafts for this slot's requests with `--spec K`: prompt lookup, or a draft model
+    /// whose own context keeps the slot's last conversation between requests.
+    drafter: Box<dyn Drafter>,
     job: Option<Job<'t>>,
     /// When it last served a request (a round number), to reuse the stalest idle one.
     last_used: u64,
@@ -93,6 +99,8 @@ impl Scheduler {
             experts: config.experts.clone(),
             kv: config.kv,
             kv_grow: config.kv_grow,
+            spec: config.spec.clone(),
+            draft: config.draft.clone(),
         })
     }
 
@@ -257,7 +265,7 @@ impl Scheduler {
             Metrics::add(counter, 1);
         }
         slot.last_used = round;
-        match Job::new(task, reused, tok) {
+        match Job::new(task, reused, tok, self.spec.clone()) {
             Ok(job) => slot.job = Some(job),
             Err(e) => {
                 // Job::new only fails on what the routes already checked.
@@ -279,8 +287,21 @@ impl Scheduler {
             };
             let mut ctx = ctx.map_err(|e| format!("creating a context: {e}"))?;
             ctx.set_expert_cache(self.experts.clone());
+            let drafter: Box<dyn Drafter> = match &self.draft {
+                Some(draft) => {
+                    let dctx =
+                        Context::new(draft.clone(), self.dev.clone(), self.n_ctx, self.n_batch)
+                            .map_err(|e| format!("creating a draft model context: {e}"))?;
+                    Box::new(
+                        DraftModel::new(dctx, &self.model)
+                            .map_err(|e| format!("creating a draft model context: {e}"))?,
+                    )
+                }
+                None => Box::new(NgramDrafter::default()),
+            };
             slots.push(Slot {
                 ctx,
+                drafter,
                 job: None,
                 last_used: 0,
                 kv_seen: (0, 0),
@@ -303,11 +324,12 @@ impl Scheduler {
             let Some(job) = slot.job.as_mut() else {
                 continue;
             };
-            let (ctx, metrics) = (&mut slot.ctx, &*self.metrics);
+            let (ctx, drafter, metrics) = (&mut slot.ctx, &mut *slot.drafter, &*self.metrics);
             let n_batch = self.n_batch as usize;
             // A panic fails this request only; its context is dropped, not reused.
-            let outcome =
-                std::panic::catch_unwind(AssertUnwindSafe(|| job.step(ctx, tok, n_batch, metrics)));
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                job.step(ctx, drafter, tok, n_batch, metrics)
+            }));
             if outcome.is_ok() {
                 slot.count_kv_changes(metrics);
             }
@@ -333,6 +355,7 @@ impl Scheduler {
             };
             let Some(job) = slot.job.take() else { continue };
             let f = job.finish(stop.clone());
+            log_finished(&f);
             Metrics::add(&self.metrics.prompt_tokens_total, f.prompt_tokens as u64);
             Metrics::add(
                 &self.metrics.completion_tokens_total,
@@ -378,4 +401,36 @@ impl Scheduler {
             self.done_with_task();
         }
     }
+}
+
+/// The end-of-request line: tokens, decode speed, why it stopped and, with `--spec K`,
+/// the request's verify windows and how many of their drafts were accepted.
+fn log_finished(f: &Finished) {
+    // The first token comes from the prompt's logits, not from a decode step.
+    let decoded = f.completion_tokens.saturating_sub(1);
+    let rate = if f.decode_seconds > 0.0 {
+        decoded as f64 / f.decode_seconds
+    } else {
+        0.0
+    };
+    let spec = f.spec.as_ref().map_or(String::new(), |s| {
+        format!(
+            "; spec: {} windows, {}/{} drafts accepted ({:.1}%), {:.2} accepted/window, {} plain steps",
+            s.windows,
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance_rate(),
+            s.accepted_per_window(),
+            s.plain
+        )
+    });
+    tracing::info!(
+        "request done: prompt {} tokens ({} reused), generated {} tokens, decode {:.2} s ({:.1} tokens/s), stop {:?}{spec}",
+        f.prompt_tokens,
+        f.reused_tokens,
+        f.completion_tokens,
+        f.decode_seconds,
+        rate,
+        f.stop
+    );
 }

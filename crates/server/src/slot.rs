@@ -1,11 +1,15 @@
 //! One request being served in one context: the prompt fed a batch per step, then one
-//! token per step (sample, send the text that is final, feed the token at the next step).
-//! The same order as `strata_engine::generate`, so a greedy answer here equals the
+//! decode step at a time (sample, send the text that is final, feed the token at the next
+//! step). The same order as `strata_engine::generate`, so a greedy answer here equals the
 //! engine's, cut into steps so the scheduler can interleave requests (and, later, batch
-//! their steps into one forward pass).
+//! their steps into one forward pass). With `--spec K` a decode step goes through the
+//! engine's [`Speculator`]: it is either a plain step or a verify window whose tokens are
+//! taken one by one exactly as sampled ones would be, so a stop inside a window ends the
+//! answer there, and the context is cut back to what plain decoding would hold.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use strata_engine::spec::{Drafter, SpecConfig, Speculator, Step};
 use strata_engine::{Context, EngineError, Sampler, StopReason};
 use strata_model::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -20,9 +24,10 @@ pub struct Job<'t> {
     pub reused: usize,
     /// Prompt tokens in the context so far.
     fed: usize,
-    /// The last sampled token, fed at the next step.
+    /// The last sampled token, fed at the next step (the last of `history`).
     input: Option<u32>,
     sampler: Sampler,
+    speculator: Speculator,
     decoder: StreamDecoder<'t>,
     /// Every token so far (prompt and output), for the penalties.
     history: Vec<u32>,
@@ -33,6 +38,8 @@ pub struct Job<'t> {
     /// Log-probabilities of tokens whose text is not sent yet.
     pending_logprobs: Vec<TokenLogprob>,
     first_token: bool,
+    /// Time spent in decode steps.
+    decode_time: Duration,
 }
 
 /// An elastic K/V that cannot grow beside `--vram-reserve-mib` ends the request as a full
@@ -52,7 +59,12 @@ fn kv_full(e: EngineError, metrics: &Metrics) -> Result<Option<StopReason>, Engi
 
 impl<'t> Job<'t> {
     /// A job for `task` in a context that already holds its first `reused` tokens.
-    pub fn new(task: Task, reused: usize, tok: &'t Tokenizer) -> Result<Self, EngineError> {
+    pub fn new(
+        task: Task,
+        reused: usize,
+        tok: &'t Tokenizer,
+        spec: SpecConfig,
+    ) -> Result<Self, EngineError> {
         if task.tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -64,6 +76,7 @@ impl<'t> Job<'t> {
             fed: reused,
             input: None,
             sampler,
+            speculator: Speculator::new(spec),
             decoder,
             history: Vec::new(),
             out_tokens: Vec::new(),
@@ -71,14 +84,37 @@ impl<'t> Job<'t> {
             emitted: 0,
             pending_logprobs: Vec::new(),
             first_token: true,
+            decode_time: Duration::ZERO,
         })
     }
 
-    /// One forward pass: a batch of the prompt, or the last sampled token. Returns how
-    /// generation ended, or `None` to go on.
+    /// One forward pass: a batch of the prompt, or a decode step (the last sampled token,
+    /// alone or with drafts from `drafter` in a verify window). Returns how generation
+    /// ended, or `None` to go on. When it ended, the context holds exactly what plain
+    /// decoding would: the prompt and every generated token but the last (all of them
+    /// after an end-of-generation token), never drafts accepted past the end.
     pub fn step(
         &mut self,
         ctx: &mut Context,
+        drafter: &mut dyn Drafter,
+        tok: &Tokenizer,
+        n_batch: usize,
+        metrics: &Metrics,
+    ) -> Result<Option<StopReason>, EngineError> {
+        let stop = self.advance(ctx, drafter, tok, n_batch, metrics)?;
+        if stop.is_some() && !self.history.is_empty() {
+            let keep = self.history.len() - usize::from(self.input.is_some());
+            if ctx.tokens().len() > keep {
+                ctx.truncate(keep);
+            }
+        }
+        Ok(stop)
+    }
+
+    fn advance(
+        &mut self,
+        ctx: &mut Context,
+        drafter: &mut dyn Drafter,
         tok: &Tokenizer,
         n_batch: usize,
         metrics: &Metrics,
@@ -87,7 +123,7 @@ impl<'t> Job<'t> {
             return Ok(Some(StopReason::Cancelled));
         }
         let prompt_len = self.task.tokens.len();
-        let logits = if self.fed < prompt_len {
+        if self.fed < prompt_len {
             let end = (self.fed + n_batch.max(1)).min(prompt_len);
             let t = Instant::now();
             let logits = match ctx.eval(&self.task.tokens[self.fed..end]) {
@@ -100,34 +136,86 @@ impl<'t> Job<'t> {
                 return Ok(None);
             }
             self.history = ctx.tokens().to_vec();
-            logits
-        } else {
-            let Some(input) = self.input.take() else {
-                return Ok(Some(StopReason::Length));
-            };
-            let t = Instant::now();
-            let logits = match ctx.eval(&[input]) {
-                Ok(l) => l,
-                Err(e) => return kv_full(e, metrics),
-            };
-            metrics.decode(1, t.elapsed());
-            logits
+            let id = self.sampler.sample(&logits, &self.history);
+            return Ok(self.take(ctx, tok, id, &logits, metrics));
+        }
+        let Some(input) = self.input else {
+            return Ok(Some(StopReason::Length));
         };
-        Ok(self.sample(ctx, tok, &logits, metrics))
+        debug_assert_eq!(self.history.last(), Some(&input));
+        // Drafts must fit the context and, with the token the window adds, the budget.
+        let room = ctx.n_ctx().saturating_sub(self.history.len()).min(
+            self.task
+                .params
+                .max_tokens
+                .saturating_sub(self.out_tokens.len() + 1),
+        );
+        let t = Instant::now();
+        let sampler = &mut self.sampler;
+        let step = match self
+            .speculator
+            .step(ctx, sampler, drafter, &self.history, room)
+        {
+            Ok(s) => s,
+            // A window needs more cells than a plain step: an elastic K/V that cannot grow
+            // for the window may still hold the one token (the refused window changed
+            // nothing), so the answer stays the one plain decoding gives.
+            Err(EngineError::KvFull { needed, .. }) if needed > ctx.tokens().len() + 1 => {
+                match ctx.eval(&[input]) {
+                    Ok(l) => Step::Logits(l),
+                    Err(e) => return kv_full(e, metrics),
+                }
+            }
+            Err(e) => return kv_full(e, metrics),
+        };
+        let took = t.elapsed();
+        self.decode_time += took;
+        match step {
+            Step::Logits(logits) => {
+                metrics.decode(1, took);
+                let id = self.sampler.sample(&logits, &self.history);
+                Ok(self.take(ctx, tok, id, &logits, metrics))
+            }
+            Step::Tokens {
+                tokens,
+                rows,
+                drafted,
+            } => {
+                metrics.spec_window(drafted, tokens.len() - 1);
+                let vocab = rows.len() / (drafted + 1);
+                let mut taken = 0;
+                let mut stop = None;
+                for (&id, row) in tokens.iter().zip(rows.chunks_exact(vocab)) {
+                    taken += 1;
+                    stop = self.take(ctx, tok, id, row, metrics);
+                    if stop.is_some() {
+                        break;
+                    }
+                }
+                metrics.decode(taken, took);
+                Ok(stop)
+            }
+        }
     }
 
-    fn sample(
+    /// Takes `id`, chosen from `logits` (a plain step's or a window row's): sends the
+    /// text that became final and checks every way generation ends. Going on, `id` is the
+    /// input of the next step.
+    fn take(
         &mut self,
         ctx: &Context,
         tok: &Tokenizer,
+        id: u32,
         logits: &[f32],
         metrics: &Metrics,
     ) -> Option<StopReason> {
+        // The previous token is in the context now (its logits chose `id`), as a plain
+        // step would have fed it, even when both came from one window.
+        self.input = None;
         let params = &self.task.params;
         if self.out_tokens.len() >= params.max_tokens {
             return Some(StopReason::Length);
         }
-        let id = self.sampler.sample(logits, &self.history);
         if self.first_token {
             self.first_token = false;
             metrics.observe_ttft(self.task.queued_at.elapsed());
@@ -141,6 +229,8 @@ impl<'t> Job<'t> {
         }
         self.out_tokens.push(id);
         self.history.push(id);
+        // Not fed yet, whatever ends generation now.
+        self.input = Some(id);
         let piece = self.decoder.push(id);
         self.text.push_str(&piece);
         let (safe, found) = split_stop(&self.text, self.emitted, &self.task.params.stop);
@@ -151,13 +241,14 @@ impl<'t> Job<'t> {
             self.text.truncate(at);
             return Some(StopReason::StopString(s));
         }
-        if ctx.tokens().len() + 1 >= ctx.n_ctx() {
+        // Plain decoding holds every token but `id` now: the context is full when it
+        // could not take `id`.
+        if self.history.len() >= ctx.n_ctx() {
             return Some(StopReason::ContextFull);
         }
         if self.out_tokens.len() >= self.task.params.max_tokens {
             return Some(StopReason::Length);
         }
-        self.input = Some(id);
         None
     }
 
@@ -200,6 +291,8 @@ impl<'t> Job<'t> {
             prompt_tokens: self.task.tokens.len(),
             completion_tokens: self.out_tokens.len(),
             reused_tokens: self.reused,
+            decode_seconds: self.decode_time.as_secs_f64(),
+            spec: (self.speculator.config.k > 0).then(|| self.speculator.stats.clone()),
         };
         if stop != StopReason::Cancelled {
             let _ = self.task.events.send(Event::Done(finished.clone()));

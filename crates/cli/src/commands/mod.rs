@@ -11,6 +11,7 @@ pub mod perplexity;
 pub mod profile;
 pub mod run;
 pub mod serve;
+pub mod spec;
 pub mod synth;
 pub mod template;
 pub mod tokenize;

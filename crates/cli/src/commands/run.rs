@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::Context as _;
-use strata_engine::spec::{DraftModel, Drafter, SpecConfig};
+use strata_engine::spec::{DraftModel, Drafter};
 use strata_engine::{Context, GenerateParams, generate_with};
 
 use super::common::{self, ModelArgs, SamplingArgs};
@@ -39,18 +39,8 @@ pub struct Args {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Speculative decoding: verify up to K prompt-lookup drafts per forward pass (greedy
-    /// output is the same as without it; sampled output has the same distribution). 0: off.
-    #[arg(long, default_value_t = 0)]
-    pub spec: usize,
-    /// Verify every proposal of up to K drafts, even where drafts are rarely accepted
-    /// (default: back off and decode plainly where drafting does not pay).
-    #[arg(long)]
-    pub spec_fixed: bool,
-    /// Draft with this small GGUF model (the same vocabulary; it decodes greedily in a
-    /// context of its own on the same device) instead of prompt lookup; needs --spec K.
-    #[arg(long)]
-    pub draft_model: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub spec: super::spec::SpecArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -89,15 +79,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ignore_eos: args.ignore_eos,
         show_special: false,
     };
-    let mut draft = match &args.draft_model {
-        Some(path) => Some(load_draft(path, &loaded, &args)?),
+    let mut draft = match args.spec.load_draft(&loaded)? {
+        Some(m) => {
+            let ctx = Context::new(m, loaded.dev.clone(), loaded.n_ctx, args.model.batch)?;
+            Some(DraftModel::new(ctx, &loaded.model)?)
+        }
         None => None,
     };
     let mut stdout = std::io::stdout().lock();
-    let spec = SpecConfig {
-        k: args.spec,
-        adaptive: !args.spec_fixed,
-    };
+    let spec = args.spec.config();
     let g = generate_with(
         &mut ctx,
         &loaded.tokenizer,
@@ -126,27 +116,4 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ctx.trim_kv()?;
     experts::report(&ctx);
     Ok(())
-}
-
-/// The draft model of `--draft-model`, in a context as long as the target's.
-fn load_draft(
-    path: &std::path::Path,
-    loaded: &common::Loaded,
-    args: &Args,
-) -> anyhow::Result<DraftModel> {
-    if args.spec == 0 {
-        anyhow::bail!("--draft-model drafts for speculative decoding: give --spec K too");
-    }
-    let gguf = std::sync::Arc::new(
-        strata_gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?,
-    );
-    let model = strata_model::Model::load(&loaded.dev, loaded.dev.main_stream(), gguf, |_, _| {})
-        .with_context(|| format!("loading the draft model {}", path.display()))?;
-    let ctx = Context::new(
-        std::sync::Arc::new(model),
-        loaded.dev.clone(),
-        loaded.n_ctx,
-        args.model.batch,
-    )?;
-    Ok(DraftModel::new(ctx, &loaded.model)?)
 }

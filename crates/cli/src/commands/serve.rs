@@ -18,6 +18,10 @@ pub struct Args {
     /// Elastic K/V per context: grown on demand, trimmed when its request ends.
     #[command(flatten)]
     pub kv_grow: super::kv_grow::KvGrowArgs,
+    /// Speculative decoding of every request, each slot drafting from its own conversation
+    /// (or with its own context of the draft model).
+    #[command(flatten)]
+    pub spec: super::spec::SpecArgs,
     /// Address to listen on (loopback only unless asked).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -119,11 +123,15 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let parallel = args.parallel;
     let kv_grow = args.kv_grow.options(&args.model.experts)?;
     let cells = kv_grow.map(|o| o.init);
-    let loaded =
-        tokio::task::spawn_blocking(move || common::load_elastic(&model_args, parallel, cells))
-            .await
-            .context("loading the model")?;
-    let loaded = match loaded {
+    let spec_args = args.spec.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        let l = common::load_elastic(&model_args, parallel, cells)?;
+        let draft = spec_args.load_draft(&l)?;
+        anyhow::Ok((l, draft))
+    })
+    .await
+    .context("loading the model")?;
+    let (loaded, draft) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let _ = stop_tx.send(());
@@ -148,6 +156,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             experts: loaded.experts.clone(),
             kv: loaded.kv,
             kv_grow,
+            spec: args.spec.config(),
+            draft,
         },
         state.metrics.clone(),
     )?;
@@ -162,8 +172,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             o.reserve >> 20
         )
     });
+    let spec = match (args.spec.spec, &args.spec.draft_model) {
+        (0, _) => String::new(),
+        (k, Some(p)) => format!(
+            "; speculative decoding: up to {k} drafts from {}",
+            p.display()
+        ),
+        (k, None) => format!("; speculative decoding: up to {k} prompt-lookup drafts"),
+    };
     eprintln!(
-        "strata: ready ({} positions per conversation{elastic})",
+        "strata: ready ({} positions per conversation{elastic}{spec})",
         loaded.n_ctx
     );
     let grace = std::time::Duration::from_secs(args.shutdown_grace);

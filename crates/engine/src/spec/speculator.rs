@@ -32,34 +32,42 @@ pub enum Step {
     /// A plain step: the logits after the fed token.
     Logits(Vec<f32>),
     /// A verify window: the tokens it decided (accepted drafts, then the sampled one), all
-    /// but the last already in the context.
-    Tokens(Vec<u32>),
+    /// but the last already in the context; the window's logit rows (`rows[i]` is the
+    /// distribution `tokens[i]` was chosen from, for log-probabilities), and how many
+    /// drafts it verified.
+    Tokens {
+        tokens: Vec<u32>,
+        rows: Vec<f32>,
+        drafted: usize,
+    },
 }
 
-pub struct Speculator<'d> {
+/// The speculative state of one generation: its settings, the back-off policy's estimates
+/// and the counts. The drafter is passed to each step, so that it can outlive the
+/// generation (a server slot's draft model keeps its K/V between requests).
+pub struct Speculator {
     pub config: SpecConfig,
-    drafter: &'d mut dyn Drafter,
     policy: BackOff,
     pub stats: SpecStats,
 }
 
-impl<'d> Speculator<'d> {
-    pub fn new(config: SpecConfig, drafter: &'d mut dyn Drafter) -> Self {
+impl Speculator {
+    pub fn new(config: SpecConfig) -> Self {
         Speculator {
             config,
-            drafter,
             policy: BackOff::new(),
             stats: SpecStats::default(),
         }
     }
 
     /// Feeds `history`'s last token (not yet in `ctx`; everything before it is) and
-    /// either returns its logits or, when drafts are worth it, a window's tokens. At most
-    /// `room` drafts fit (the context's end, the token budget).
+    /// either returns its logits or, when drafts from `drafter` are worth it, a window's
+    /// tokens. At most `room` drafts fit (the context's end, the token budget).
     pub fn step(
         &mut self,
         ctx: &mut Context,
         sampler: &mut Sampler,
+        drafter: &mut dyn Drafter,
         history: &[u32],
         room: usize,
     ) -> Result<Step> {
@@ -74,12 +82,12 @@ impl<'d> Speculator<'d> {
             self.policy.ask(k)
         };
         let mut drafts = if ask > 0 {
-            self.drafter.propose(history, ask)?
+            drafter.propose(history, ask)?
         } else {
             Vec::new()
         };
         drafts.truncate(ask);
-        let class = self.drafter.last_class();
+        let class = drafter.last_class();
         if self.config.adaptive && !drafts.is_empty() {
             let d = self.policy.decide(class, drafts.len());
             if d == 0 {
@@ -103,13 +111,18 @@ impl<'d> Speculator<'d> {
         let accepted = tokens.len() - 1;
         // Forget the rejected drafts' positions (their K/V is overwritten later).
         ctx.truncate(held + 1 + accepted);
-        self.drafter.observe(&tokens);
+        drafter.observe(&tokens);
+        let drafted = drafts.len();
         self.policy.record_window(class, drafts.len(), accepted);
         self.policy.record_window_time(drafts.len(), t0.elapsed());
         self.stats.windows += 1;
         self.stats.drafted += drafts.len();
         self.stats.accepted += accepted;
         self.stats.row_cost = self.policy.measured_row_cost();
-        Ok(Step::Tokens(tokens))
+        Ok(Step::Tokens {
+            tokens,
+            rows,
+            drafted,
+        })
     }
 }

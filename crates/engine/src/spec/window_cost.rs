@@ -165,15 +165,15 @@ pub fn measure_window_costs(
         adaptive: false,
     };
     let mut no_drafts = NoDrafts;
-    let mut plain = Speculator::new(config, &mut no_drafts);
+    let mut plain = Speculator::new(config);
     let mut history = [prompt, &[first]].concat();
     let mut step_seconds = Vec::with_capacity(n);
     while history.len() < prompt.len() + n {
         let t = Instant::now();
-        let next = match plain.step(ctx, &mut sampler, &history, 0)? {
+        let next = match plain.step(ctx, &mut sampler, &mut no_drafts, &history, 0)? {
             Step::Logits(l) => sampler.sample(&l, &history),
             // A drafter that proposes nothing never gets a window.
-            Step::Tokens(t) => t.last().copied().unwrap_or_default(),
+            Step::Tokens { tokens, .. } => tokens.last().copied().unwrap_or_default(),
         };
         step_seconds.push(t.elapsed().as_secs_f64());
         history.push(next);
@@ -215,7 +215,7 @@ pub fn time_windows(
 ) -> Result<Vec<f64>, WindowCostError> {
     let mut sampler = Sampler::new(SamplingParams::greedy())?;
     let config = SpecConfig { k, adaptive: false };
-    let mut speculator = Speculator::new(config, drafter);
+    let mut speculator = Speculator::new(config);
     let Some(&first) = tokens.first() else {
         return Ok(Vec::new());
     };
@@ -226,10 +226,10 @@ pub fn time_windows(
     while out + k < tokens.len() {
         let w = seconds.len();
         let t = Instant::now();
-        let step = speculator.step(ctx, &mut sampler, &history, k)?;
+        let step = speculator.step(ctx, &mut sampler, drafter, &history, k)?;
         seconds.push(t.elapsed().as_secs_f64());
         let decided = match step {
-            Step::Tokens(t) => t,
+            Step::Tokens { tokens, .. } => tokens,
             Step::Logits(_) => return Err(WindowCostError::NoDrafts { window: w }),
         };
         if decided.len() != k + 1 {
