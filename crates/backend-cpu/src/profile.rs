@@ -40,6 +40,8 @@ impl KernelTimes {
                 kernel,
                 launches,
                 seconds,
+                // Core replays CPU graphs op by op: every launch is recorded.
+                one_replay: false,
             })
             .collect();
         v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));

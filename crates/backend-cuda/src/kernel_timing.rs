@@ -98,7 +98,7 @@ impl KernelTiming {
                 sys::cuEventDestroy_v2(end as sys::CUevent);
             }
             match r {
-                Ok(ms) => add(&mut out, kernel, ms),
+                Ok(ms) => add(&mut out, kernel, ms, false),
                 Err(e) => first_err = first_err.or(Some(e)),
             }
         }
@@ -117,7 +117,7 @@ impl KernelTiming {
         for &(kernel, start, end) in &c.events {
             // A pair no replay has recorded yet fails the query and is skipped.
             if let Ok(ms) = elapsed_ms(start, end) {
-                add(&mut out, kernel, ms);
+                add(&mut out, kernel, ms, true);
             }
         }
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
@@ -141,7 +141,7 @@ fn elapsed_ms(start: usize, end: usize) -> Result<f32> {
 }
 
 /// Adds one launch of `kernel` taking `ms` to the per-kernel sums.
-fn add(out: &mut Vec<KernelTime>, kernel: KernelId, ms: f32) {
+fn add(out: &mut Vec<KernelTime>, kernel: KernelId, ms: f32, one_replay: bool) {
     let seconds = f64::from(ms) / 1e3;
     match out.iter_mut().find(|t| t.kernel == kernel) {
         Some(t) => {
@@ -152,6 +152,7 @@ fn add(out: &mut Vec<KernelTime>, kernel: KernelId, ms: f32) {
             kernel,
             launches: 1,
             seconds,
+            one_replay,
         }),
     }
 }

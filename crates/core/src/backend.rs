@@ -57,6 +57,9 @@ pub struct KernelTime {
     pub kernel: KernelId,
     pub launches: u64,
     pub seconds: f64,
+    /// The figures are those of the last replay of a captured graph (one step), not of
+    /// every launch since the previous profile.
+    pub one_replay: bool,
 }
 
 /// What a device can do, so the engine can degrade cleanly.

@@ -161,10 +161,18 @@ fn print_profile_per(what: &str, times: &[strata_core::KernelTime], steps: usize
         return;
     }
     let total: f64 = times.iter().map(|t| t.seconds).sum();
+    // A replayed graph's profile is its last replay: one step already.
+    let one_replay = times.iter().all(|t| t.one_replay);
+    let steps = if one_replay { 1 } else { steps };
     let per_step = |s: f64| 1e6 * s / steps.max(1) as f64;
     eprintln!(
-        "{what} profile: {:.1} us of kernel time per {unit} ({steps} {unit}s)",
-        per_step(total)
+        "{what} profile: {:.1} us of kernel time per {unit} ({})",
+        per_step(total),
+        if one_replay {
+            format!("the last replayed {unit}")
+        } else {
+            format!("{steps} {unit}s")
+        }
     );
     eprintln!(
         "{:<20} {:>9} {:>12} {:>10} {:>7}",
