@@ -11,7 +11,12 @@
 # (ci/bench-kv-depth.sh at a 50% cache; DEPTHS, KVS), window (ci/bench-spec-window.sh K=4 at
 # a 50% cache), kt-att / kt-win (per-kernel profiles at 32K / of a window), pool (pool_timing
 # at 16 and 8 threads), kcache, sweep (SWEEP: kernel-cache variants at SWEEP_DEPTH), quick (two test binaries on
-# the cached kernels), cb (cuda_backend: compiles every module cold in a folder of its own). A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
+# the cached kernels; QUICK names them), cb (cuda_backend: compiles every module cold in a folder of its own),
+# unpack (the xz-packed binaries of BUNDLE=1), stash / smol (SmolLM2 carried in pieces,
+# tools/h200_smol_parts.sh: its GPU logits test and ci/bench-spec.sh with llama.cpp's n-gram
+# and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
+# (window without mul_mat_vec_q8_rows). LLAMA=0: depth runs strata alone.
+# A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
 C=$PWD/.carry/h200
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 PATH=/usr/local/cuda/bin:$PATH RUST_BACKTRACE=1
