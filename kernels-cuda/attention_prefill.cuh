@@ -262,14 +262,15 @@ struct AtpStage<AttKvQ8> {
             const uint32_t j = c * ATP_KEYS + r;
             if (j >= span) continue;  // converted to zeros
             const uint64_t a = at(kv, j, kvh);
-            // Only the pieces holding the row's bytes: a piece past them may lie past the
-            // cache's end (one that holds any of them lies inside its allocation).
+            // Only the pieces holding some of the row's bytes: one past them may lie past
+            // the cache's end, one holding some lies in the same aligned 16 bytes as they.
             if (pc >= ((a & 15) + hb + 15) / 16) continue;
             const uint8_t* src = (const uint8_t*)(which ? kv.v : kv.k) + (a & ~(uint64_t)15);
             cp_async16(st + (which * ATP_KEYS + r) * R + 16 * pc, src + 16 * pc);
         }
     }
-    // Eight values of a piece of tile row: value d·q of each (f32, exact) rounded to f16.
+    // Stage c's raw rows into the tiles, 8 values (16 bytes of a tile row) a step: each
+    // d·q as f32 (exact: 11 by 8 bits) rounded to f16; rows from `span` on zero.
     __device__ static const uint16_t* ready(const AttKvQ8& kv, uint16_t* kvs, uint32_t c, uint32_t span,
                                             uint32_t kvh, uint32_t S) {
         const uint32_t T = blockDim.x, tid = threadIdx.x;
