@@ -1,6 +1,7 @@
-// Causal GQA attention of many tokens over the f16 K/V cache on tensor cores (flash
-// attention): the kernel the CUDA backend launches in place of `attention` when a launch
-// carries more than 64 tokens (crates/backend-cuda/src/kernels.rs, VARIANTS). Same
+// Causal GQA attention of many tokens over the K/V cache on tensor cores (flash
+// attention): the kernels the CUDA backend launches in place of `attention` and
+// `attention_q8` when a launch carries more than 64 tokens (crates/backend-cuda/src/
+// variants.rs: attention_prefill, attention_prefill_q8). Same
 // arguments, same results up to rounding (the per-row kernel, attention.cuh, stays the one
 // for decode steps and verify windows, whose rows must not depend on their batch).
 //
@@ -22,6 +23,21 @@
 // sum at the end. Each weight is thus within about 2^-11 of its own value as ggml's is,
 // so |Δout| ≤ ~2^-10·max|v| in the worst case (model_ops' attention test's tolerance).
 //
+// The q8_0 cache (`attention_prefill_q8`, the variant of `attention_q8`; kv_q8.cuh's
+// 34-byte blocks, 2-byte aligned) takes the same tiles: each chunk's raw blocks are copied
+// with cp.async (the 16-byte pieces covering a head's bytes of a row, which start at any
+// even offset), double-buffered as the f16 rows are, then converted in shared memory into
+// one f16 tile pair (each value d·q as f32, exact, rounded to f16) between two barriers;
+// the mma code is the f16 cache's. Why so: the copies of chunk c + 1 stay in flight
+// during chunk c's conversion and products without holding registers (loading the blocks
+// into registers ahead would take ~17 more a thread beside the 64 accumulators, at the
+// 128 that two blocks an SM allow), and the raw stages (2 x 64 rows x 160 bytes a cache,
+// head_dim 128) with one converted tile pair keep a block under half an SM's shared
+// memory, so two blocks still share an SM and one's conversion overlaps the other's mma.
+// Numerics: exactly the f16 cache's on the f16 values (q rounded to f16, as there); the
+// CPU's int8 attention keeps q and d·q unrounded (f32), so the scores differ by ~2^-11
+// relative besides the probabilities' rounding.
+//
 // Positions may be anything: token t sees cache rows 0..=pos[t] (none when pos[t] is
 // negative or ≥ n_ctx, output 0, as attention.cuh), masked per row. A unit stages rows up
 // to the largest position of its tokens; rows a token does not see enter P·V with weight
@@ -32,6 +48,7 @@
 // through warp shuffles and a per-warp shared scratch, sums in the same f32 (fmaf order).
 #pragma once
 
+#include "attention.cuh"  // AttKvF16, AttKvQ8
 #include "common.cuh"
 #include "matmul.cuh"  // cp_async16
 #include "mma.cuh"     // MMA_SMEM, mma_smem_size
@@ -44,10 +61,22 @@
 // f16 per staged row (Q, K and V alike).
 __device__ __forceinline__ uint32_t atp_stride(uint32_t head_dim) { return head_dim + ATP_PAD; }
 
-// Dynamic shared memory a block needs: its query rows, then two stages of K and V chunks.
-// kernels.rs computes the same (attention_prefill_smem).
+// Dynamic shared memory a block needs for the f16 cache: its query rows, then two stages
+// of K and V chunks. kernels.rs computes the same (attention_prefill_smem).
 __device__ __forceinline__ uint32_t atp_smem_bytes(uint32_t head_dim) {
     return (16 * ATP_WARPS + 4 * ATP_KEYS) * atp_stride(head_dim) * 2;
+}
+
+// The q8_0 cache: bytes of a head's blocks in a cache row, and of a raw staged row (the
+// 16-byte pieces that cover them from any even offset: 160 for head_dim 128).
+__device__ __forceinline__ uint32_t atp_q8_head_bytes(uint32_t head_dim) { return head_dim / 32 * 34; }
+__device__ __forceinline__ uint32_t atp_q8_raw_stride(uint32_t head_dim) {
+    return (atp_q8_head_bytes(head_dim) + 14 + 15) / 16 * 16;
+}
+// Its dynamic shared memory: the query rows, one converted K and V chunk, then two stages
+// of raw K and V chunks (kernels.rs attention_prefill_smem; 110,592 bytes for head_dim 128).
+__device__ __forceinline__ uint32_t atp_q8_smem_bytes(uint32_t head_dim) {
+    return (16 * ATP_WARPS + 2 * ATP_KEYS) * atp_stride(head_dim) * 2 + 4 * ATP_KEYS * atp_q8_raw_stride(head_dim);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -168,22 +197,125 @@ __device__ __forceinline__ uint32_t atp_span(const AtpRows& u, uint32_t r, const
     return (p < 0 || (uint32_t)p >= n_ctx) ? 0u : (uint32_t)p + 1;
 }
 
+// How a chunk of cache rows reaches the f16 tiles, per cache format. `kvs` is the dynamic
+// shared memory after the query rows; rows from `span` on are zero in the tiles.
+//   issue(kv, kvs, c, span, kvh, S): starts chunk c's copies (not committed);
+//   ready(kv, kvs, c, span, kvh, S): once they have landed and after a block barrier,
+//     the chunk's K tile (its V tile ATP_KEYS rows after); every thread calls it;
+//   restages_tiles: the next chunk's copies overwrite the tiles of the chunk before it,
+//     so the body waits for the products of a chunk before issuing the one after next.
+template <class Kv>
+struct AtpStage;
+
+// The f16 cache: rows copied into two stages of tiles as they are.
+template <>
+struct AtpStage<AttKvF16> {
+    static constexpr bool restages_tiles = true;
+    __device__ static uint32_t smem_bytes(uint32_t head_dim) { return atp_smem_bytes(head_dim); }
+    __device__ static void issue(const AttKvF16& kv, uint16_t* kvs, uint32_t c, uint32_t span,
+                                 uint32_t kvh, uint32_t S) {
+        const uint32_t T = blockDim.x, tid = threadIdx.x;
+        uint16_t* ks = kvs + (c & 1) * 2 * ATP_KEYS * S;
+        const uint32_t segs = kv.head_dim / 8;  // 16-byte pieces per row
+        for (uint32_t i = tid; i < 2 * ATP_KEYS * segs; i += T) {
+            const uint32_t which = i / (ATP_KEYS * segs), r = (i / segs) % ATP_KEYS, sg = i % segs;
+            const uint32_t j = c * ATP_KEYS + r;
+            uint16_t* dst = ks + which * ATP_KEYS * S + r * S + 8 * sg;
+            if (j < span) {
+                const uint16_t* src = which ? kv.v : kv.k;
+                cp_async16(dst, src + (uint64_t)j * kv.row + (uint64_t)kvh * kv.head_stride + 8 * sg);
+            } else {
+                const uint4 zero = {0u, 0u, 0u, 0u};
+                *(uint4*)dst = zero;
+            }
+        }
+    }
+    __device__ static const uint16_t* ready(const AttKvF16&, uint16_t* kvs, uint32_t c, uint32_t,
+                                            uint32_t, uint32_t S) {
+        return kvs + (c & 1) * 2 * ATP_KEYS * S;
+    }
+};
+
+// The q8_0 cache: each row's raw blocks copied into two stages (the 16-byte pieces that
+// cover them; the row's offset in its first piece is its address mod 16, the cache being
+// 16-byte aligned), then converted into one pair of f16 tiles.
+template <>
+struct AtpStage<AttKvQ8> {
+    static constexpr bool restages_tiles = false;
+    __device__ static uint32_t smem_bytes(uint32_t head_dim) { return atp_q8_smem_bytes(head_dim); }
+    // Stage c's raw rows (K then V), atp_q8_raw_stride bytes apart.
+    __device__ static uint8_t* raw(const AttKvQ8& kv, uint16_t* kvs, uint32_t c, uint32_t S) {
+        return (uint8_t*)(kvs + 2 * ATP_KEYS * S) + (c & 1) * 2 * ATP_KEYS * atp_q8_raw_stride(kv.head_dim);
+    }
+    // Byte offset of row j's head kvh from the cache's start.
+    __device__ static uint64_t at(const AttKvQ8& kv, uint32_t j, uint32_t kvh) {
+        return 2 * ((uint64_t)j * kv.row + (uint64_t)kvh * kv.head_stride);
+    }
+    __device__ static void issue(const AttKvQ8& kv, uint16_t* kvs, uint32_t c, uint32_t span,
+                                 uint32_t kvh, uint32_t S) {
+        const uint32_t T = blockDim.x, tid = threadIdx.x;
+        const uint32_t R = atp_q8_raw_stride(kv.head_dim), pieces = R / 16;
+        const uint32_t hb = atp_q8_head_bytes(kv.head_dim);
+        uint8_t* const st = raw(kv, kvs, c, S);
+        for (uint32_t i = tid; i < 2 * ATP_KEYS * pieces; i += T) {
+            const uint32_t which = i / (ATP_KEYS * pieces), r = (i / pieces) % ATP_KEYS, pc = i % pieces;
+            const uint32_t j = c * ATP_KEYS + r;
+            if (j >= span) continue;  // converted to zeros
+            const uint64_t a = at(kv, j, kvh);
+            // Only the pieces holding some of the row's bytes: one past them may lie past
+            // the cache's end, one holding some lies in the same aligned 16 bytes as they.
+            if (pc >= ((a & 15) + hb + 15) / 16) continue;
+            const uint8_t* src = (const uint8_t*)(which ? kv.v : kv.k) + (a & ~(uint64_t)15);
+            cp_async16(st + (which * ATP_KEYS + r) * R + 16 * pc, src + 16 * pc);
+        }
+    }
+    // Stage c's raw rows into the tiles, 8 values (16 bytes of a tile row) a step: each
+    // d·q as f32 (exact: 11 by 8 bits) rounded to f16; rows from `span` on zero.
+    __device__ static const uint16_t* ready(const AttKvQ8& kv, uint16_t* kvs, uint32_t c, uint32_t span,
+                                            uint32_t kvh, uint32_t S) {
+        const uint32_t T = blockDim.x, tid = threadIdx.x;
+        const uint32_t R = atp_q8_raw_stride(kv.head_dim), segs = kv.head_dim / 8;
+        const uint8_t* const st = raw(kv, kvs, c, S);
+        for (uint32_t i = tid; i < 2 * ATP_KEYS * segs; i += T) {
+            const uint32_t which = i / (ATP_KEYS * segs), r = (i / segs) % ATP_KEYS, sg = i % segs;
+            const uint32_t j = c * ATP_KEYS + r;
+            uint4 o = {0u, 0u, 0u, 0u};
+            if (j < span) {
+                const uint32_t off = (uint32_t)(at(kv, j, kvh) & 15);
+                const uint16_t* blk = (const uint16_t*)(st + (which * ATP_KEYS + r) * R + off) + 17 * (sg / 4);
+                const uint16_t* x = blk + 1 + 4 * (sg % 4);  // 8 int8, 2-byte aligned
+                const float d = f16_to_f32(blk[0]);
+                uint32_t w[4];
+#pragma unroll
+                for (uint32_t e = 0; e < 4; e++) {
+                    const uint16_t two = x[e];
+                    w[e] = atp_pack(__fmul_rn(d, (float)(int8_t)(two & 0xff)), __fmul_rn(d, (float)(int8_t)(two >> 8)));
+                }
+                o = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            *(uint4*)(kvs + (which * ATP_KEYS + r) * S + 8 * sg) = o;
+        }
+        __syncthreads();
+        return kvs;
+    }
+};
+
 // The kernel body. HD: the largest head dimension this instance takes (its accumulators);
 // head_dim ≤ HD, a multiple of 32. Blocks of whole warps, at most ATP_WARPS; dynamic
-// shared memory atp_smem_bytes(head_dim); K/V caches 16-byte aligned.
-template <uint32_t HD>
+// shared memory AtpStage<Kv>::smem_bytes(head_dim); K/V caches 16-byte aligned.
+template <uint32_t HD, class Kv>
 __device__ __forceinline__ void attention_prefill_body(
-    const float* q, const int32_t* pos, const uint16_t* k_cache, const uint16_t* v_cache,
-    float* out, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim,
-    uint32_t n_ctx, float scale, uint16_t* smem) {
+    const float* q, const int32_t* pos, const Kv& kv, float* out, uint32_t n_tokens,
+    uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale,
+    uint16_t* smem) {
+    using Stage = AtpStage<Kv>;
     __shared__ uint32_t warp_span[ATP_WARPS];
     const uint32_t T = blockDim.x, nwarps = T >> 5;
     const uint32_t tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const uint32_t S = atp_stride(head_dim);
     const uint32_t group = n_head / n_kv_head, rows = 16 * nwarps, tq = rows / group;
     uint16_t* const qs = smem;                          // [16 · ATP_WARPS][S]
-    uint16_t* const kvs = smem + 16 * ATP_WARPS * S;    // [stage][K, V][ATP_KEYS][S]
-    const uint64_t row_u16 = (uint64_t)n_kv_head * head_dim;
+    uint16_t* const kvs = smem + 16 * ATP_WARPS * S;    // AtpStage's tiles (and raw rows)
     // Scores in log2 units: exp(x · scale - m) = exp2(x · scale · log2(e) - m').
     const float scale2 = __fmul_rn(scale, 1.4426950408889634f);
     const uint32_t tiles = (n_tokens + tq - 1) / tq;
@@ -221,20 +353,7 @@ __device__ __forceinline__ void attention_prefill_body(
 
         // Chunk c's K and V rows into stage c % 2; rows past the unit's span zeroed.
         auto stage = [&](uint32_t c) {
-            uint16_t* ks = kvs + (c & 1) * 2 * ATP_KEYS * S;
-            const uint32_t segs = head_dim / 8;  // 16-byte pieces per row
-            for (uint32_t i = tid; i < 2 * ATP_KEYS * segs; i += T) {
-                const uint32_t which = i / (ATP_KEYS * segs), r = (i / segs) % ATP_KEYS, sg = i % segs;
-                const uint32_t j = c * ATP_KEYS + r;
-                uint16_t* dst = ks + which * ATP_KEYS * S + r * S + 8 * sg;
-                if (j < span) {
-                    const uint16_t* src = which ? v_cache : k_cache;
-                    cp_async16(dst, src + (uint64_t)j * row_u16 + (uint64_t)u.kvh * head_dim + 8 * sg);
-                } else {
-                    const uint4 zero = {0u, 0u, 0u, 0u};
-                    *(uint4*)dst = zero;
-                }
-            }
+            Stage::issue(kv, kvs, c, span, u.kvh, S);
             atp_commit();
         };
 
@@ -252,9 +371,9 @@ __device__ __forceinline__ void attention_prefill_body(
                 atp_wait<0>();
             }
             __syncthreads();
+            const uint16_t* const ks = Stage::ready(kv, kvs, c, span, u.kvh, S);
             const uint32_t c0 = c * ATP_KEYS;
             if (c0 < wspan) {  // warp-uniform: a warp whose rows see none of it skips it
-                const uint16_t* ks = kvs + (c & 1) * 2 * ATP_KEYS * S;
                 const uint16_t* vs = ks + ATP_KEYS * S;
                 // S = Q·Kᵀ: per 16 dimensions one A fragment, one K ldmatrix per 16 keys
                 // (lanes 0-15 address keys 16m.., 16-31 keys 16m + 8..; dims d0, d0 + 8).
@@ -337,7 +456,9 @@ __device__ __forceinline__ void attention_prefill_body(
                     }
                 }
             }
-            __syncthreads();  // the next iteration restages this chunk's buffer
+            // The next iteration restages this chunk's tiles (the q8_0 cache's: its raw rows,
+            // read before ready's barrier; the tiles are rewritten after the next one).
+            if (Stage::restages_tiles) __syncthreads();
         }
         // Each row's sum over its 4 lanes, then O / sum (0 for a row that saw nothing).
 #pragma unroll
@@ -366,21 +487,22 @@ __device__ __forceinline__ void attention_prefill_body(
 }
 
 // Checks the launch, then runs the instance for the head dimension.
+template <class Kv>
 __device__ __forceinline__ void attention_prefill_run(
-    const float* q, const int32_t* pos, const uint16_t* k_cache, const uint16_t* v_cache,
-    float* out, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim,
-    uint32_t n_ctx, float scale, uint16_t* smem, uint32_t smem_bytes) {
+    const float* q, const int32_t* pos, const Kv& kv, float* out, uint32_t n_tokens,
+    uint32_t n_head, uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale,
+    uint16_t* smem, uint32_t smem_bytes) {
     const uint32_t T = blockDim.x;
     const uint32_t group = n_kv_head ? n_head / n_kv_head : 0;
     if ((T & 31) != 0 || T > 32 * ATP_WARPS || n_kv_head == 0 || n_head % n_kv_head != 0 ||
         head_dim == 0 || head_dim % 32 != 0 || head_dim > ATP_MAX_HEAD_DIM || group == 0 ||
-        16 * (T >> 5) < group || smem_bytes < atp_smem_bytes(head_dim) ||
-        (((uint64_t)k_cache | (uint64_t)v_cache) & 15) != 0)
+        16 * (T >> 5) < group || smem_bytes < AtpStage<Kv>::smem_bytes(head_dim) ||
+        (((uint64_t)kv.k | (uint64_t)kv.v) & 15) != 0)
         return fill_nan(out, (uint64_t)n_tokens * n_head * head_dim);
     if (head_dim <= 64)
-        attention_prefill_body<64>(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head,
-                                   head_dim, n_ctx, scale, smem);
+        attention_prefill_body<64>(q, pos, kv, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx,
+                                   scale, smem);
     else
-        attention_prefill_body<ATP_MAX_HEAD_DIM>(q, pos, k_cache, v_cache, out, n_tokens, n_head,
-                                                 n_kv_head, head_dim, n_ctx, scale, smem);
+        attention_prefill_body<ATP_MAX_HEAD_DIM>(q, pos, kv, out, n_tokens, n_head, n_kv_head,
+                                                 head_dim, n_ctx, scale, smem);
 }

@@ -3,7 +3,9 @@
 // 32 int8 values (34 bytes, 17 u16 words; value = d * q). The CPU twin is
 // crates/backend-cpu/src/kernels/model/kv_q8.rs. The attention over these caches is
 // attention.cuh's (AttKvQ8); it agrees with the CPU's to float rounding (a running maximum
-// per chunk of keys, the CPU's two passes), not bit for bit.
+// per chunk of keys, the CPU's two passes), not bit for bit. Launches of more than 64
+// tokens take attention_prefill.cuh's (attention_prefill_q8: the blocks converted to f16
+// in shared memory for the tensor cores), within f16 rounding of it.
 #pragma once
 
 #include "common.cuh"

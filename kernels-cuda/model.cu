@@ -756,8 +756,10 @@ extern "C" __global__ void __launch_bounds__(32 * ATP_WARPS, 2)
                       const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
                       uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
     MMA_SMEM(smem);
-    attention_prefill_run(q, pos, k_cache, v_cache, out, n_tokens, n_head, n_kv_head, head_dim,
-                          n_ctx, scale, (uint16_t*)smem, mma_smem_size());
+    const uint64_t head = head_dim;
+    const AttKvF16 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_prefill_run(q, pos, cache, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
+                          (uint16_t*)smem, mma_smem_size());
 }
 
 // ---- the int8 K/V cache (kv_q8.cuh: kv_store_q8, attention_q8) ------------------------------
@@ -804,4 +806,19 @@ extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, 1
     const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
     attention_flash_run<false>(q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
                                cache, scratch);
+}
+
+// attention_prefill over the q8_0 caches: the backend's variant of `attention_q8` for
+// launches of many tokens (attention_prefill.cuh: raw blocks staged, converted to f16 in
+// shared memory); the same blocks, registers and grid as attention_prefill, with
+// atp_q8_smem_bytes(head_dim) of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(32 * ATP_WARPS, 2)
+    attention_prefill_q8(const float* q, const int32_t* pos, const uint16_t* k_cache,
+                         const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
+                         uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
+    MMA_SMEM(smem);
+    const uint64_t head = (uint64_t)head_dim / KVQ8_VALUES * KVQ8_WORDS;
+    const AttKvQ8 cache{k_cache, v_cache, (uint64_t)n_kv_head * head, head, 0, head_dim};
+    attention_prefill_run(q, pos, cache, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale,
+                          (uint16_t*)smem, mma_smem_size());
 }

@@ -250,16 +250,27 @@ fn tensor_core_format(ty: u32) -> Option<strata_quant::QuantType> {
     QuantType::from_id(ty).filter(|t| FORMATS.contains(t))
 }
 
-/// Launches of more than this many tokens attend on tensor cores (attention_prefill.cuh):
-/// the per-row kernel's results do not depend on the batch, which decode steps, verify
-/// windows and short reads need; a prefill only needs them within rounding.
+/// Launches of more than this many tokens attend on tensor cores (attention_prefill.cuh,
+/// either cache format): the per-row kernels' results do not depend on the batch, which
+/// decode steps, verify windows and short reads need; a prefill only needs them within
+/// rounding.
 const ATTENTION_PER_ROW_MAX_TOKENS: u32 = 64;
 
-/// Dynamic shared memory attention_prefill takes (atp_smem_bytes: 128 query rows and two
-/// stages of 64 K and 64 V rows, each row head_dim f16 + 8 of padding), or `None` for a
-/// launch it does not take (head_dim not a multiple of 32 or over 128, a group of query
-/// heads larger than a block's 128 rows) or that does not fit `limit`.
-fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
+/// The K/V cache format of an attention launch: f16 rows, or q8_0 blocks (kv_q8.cuh).
+#[derive(Clone, Copy)]
+enum KvRows {
+    F16,
+    Q8,
+}
+
+/// Dynamic shared memory attention_prefill (f16 cache) and attention_prefill_q8 take
+/// (attention_prefill.cuh): 128 query rows of head_dim f16 + 8 of padding, then two stages
+/// of 64 K and 64 V rows alike (atp_smem_bytes), or for q8_0 one converted chunk of them
+/// and two stages of 64 K and 64 V raw rows, each the 16-byte pieces that cover a head's
+/// blocks from any even offset (atp_q8_smem_bytes). `None` for a launch they do not take
+/// (head_dim not a multiple of 32 or over 128, a group of query heads larger than a
+/// block's 128 rows) or that does not fit `limit`.
+fn attention_prefill_smem(args: &[KernelArg], limit: u32, rows: KvRows) -> Option<u32> {
     // attention(q, pos, k, v, out | n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale)
     let (n_tokens, n_head, n_kv_head, head_dim) = (
         u32_arg(args, 5)?,
@@ -276,7 +287,15 @@ fn attention_prefill_smem(args: &[KernelArg], limit: u32) -> Option<u32> {
     if n_tokens <= ATTENTION_PER_ROW_MAX_TOKENS || !shape_ok {
         return None;
     }
-    Some((128 + 4 * 64) * (head_dim + 8) * 2).filter(|&b| b <= limit)
+    let row = (head_dim + 8) * 2;
+    let bytes = match rows {
+        KvRows::F16 => (128 + 4 * 64) * row,
+        KvRows::Q8 => {
+            let raw_row = (head_dim / 32 * 34 + 14).div_ceil(16) * 16;
+            (128 + 2 * 64) * row + 4 * 64 * raw_row
+        }
+    };
+    Some(bytes).filter(|&b| b <= limit)
 }
 
 /// Launches of more than this many tokens run mmq.cuh's kernels (float accumulation over
@@ -559,7 +578,18 @@ pub(crate) const VARIANTS: &[Variant] = &[
     Variant {
         of: KernelId::Attention,
         func: "attention_prefill",
-        applies: attention_prefill_smem,
+        applies: |a, limit| attention_prefill_smem(a, limit, KvRows::F16),
+        large_smem: true,
+        grid: Some(attention_prefill_grid),
+        grid_exact: false,
+        pre: None,
+        scratch: false,
+    },
+    // The same over the q8_0 caches: their blocks converted to f16 in shared memory.
+    Variant {
+        of: KernelId::AttentionQ8,
+        func: "attention_prefill_q8",
+        applies: |a, limit| attention_prefill_smem(a, limit, KvRows::Q8),
         large_smem: true,
         grid: Some(attention_prefill_grid),
         grid_exact: false,

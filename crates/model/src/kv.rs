@@ -8,7 +8,9 @@
 //! layout, so llama.cpp's `-ctk q8_0 -ctv q8_0` is the memory anchor (34 bytes per 32
 //! values, 53% of f16).
 
-use strata_core::{Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Stream};
+use strata_core::{
+    ATTENTION_ROWS_MAX_TOKENS, Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Stream,
+};
 
 use crate::error::{ModelError, Result};
 use crate::model::Model;
@@ -275,8 +277,9 @@ impl KvCache {
     }
 
     /// Attention of the `n` queries in `q` (positions in `pos`) over layer `il`, into
-    /// `out`; `per_row` launches each row as a one-token step (f16 only: the int8 kernel
-    /// computes a row the same way whatever the launch).
+    /// `out`; `per_row` computes each row as a one-token step does (int8: launches of at
+    /// most ATTENTION_ROWS_MAX_TOKENS rows, whose rows do not depend on the launch; a longer
+    /// one may take a prefill kernel, as the CUDA backend's attention_prefill_q8).
     #[allow(clippy::too_many_arguments)]
     pub fn attend(
         &self,
@@ -300,23 +303,24 @@ impl KvCache {
             (KvFormat::F16, false) => ops.attention(
                 q, pos, kc, vc, out, n, n_head, n_kv_head, head_dim, n_ctx, scale,
             )?,
-            (KvFormat::Int8, _) => {
-                let args = Args::new()
-                    .read(q)
-                    .read(pos)
-                    .read_slice(kc)
-                    .read_slice(vc)
-                    .write(out)
-                    .u32(n)
-                    .u32(n_head)
-                    .u32(n_kv_head)
-                    .u32(head_dim)
-                    .u32(n_ctx)
-                    .f32(scale);
-                // One 256-thread block per (token, head).
-                let cfg = LaunchCfg::linear((n * n_head).max(1) as usize * 256, 256);
-                ops.dev
-                    .launch(KernelId::AttentionQ8, &cfg, &args, ops.stream)?;
+            (KvFormat::Int8, per_row) => {
+                let most = if per_row {
+                    ATTENTION_ROWS_MAX_TOKENS
+                } else {
+                    n
+                };
+                let shape = (n, n_head, n_kv_head, head_dim, n_ctx);
+                let caches = (kc, vc);
+                ops.attention_launches(
+                    KernelId::AttentionQ8,
+                    most,
+                    q,
+                    pos,
+                    caches,
+                    out,
+                    shape,
+                    scale,
+                )?;
             }
         }
         Ok(())

@@ -306,11 +306,12 @@ impl Ops<'_> {
         )
     }
 
-    /// `kernel` (`attention` or `attention_rows`, the same arguments) over `n_tokens` rows
-    /// in launches of at most `most` rows, each reading and writing from its first row's
-    /// offset; `shape` is (n_tokens, n_head, n_kv_head, head_dim, n_ctx).
+    /// `kernel` (`attention`, `attention_rows` or `attention_q8`, the same arguments) over
+    /// `n_tokens` rows in launches of at most `most` rows (a 256-thread block per token and
+    /// query head), each reading and writing from its first row's offset; `shape` is
+    /// (n_tokens, n_head, n_kv_head, head_dim, n_ctx).
     #[allow(clippy::too_many_arguments)]
-    fn attention_launches(
+    pub(crate) fn attention_launches(
         &self,
         kernel: KernelId,
         most: u32,

@@ -320,6 +320,47 @@ fn attention_prefill_applies_to_long_launches_it_can_take() {
     assert!((v.applies)(&attention(512, 32, 4, 256), 232_448).is_none());
     assert!((v.applies)(&attention(512, 32, 0, 128), 232_448).is_none());
     assert!((v.applies)(&attention(512, 30, 4, 128), 232_448).is_none());
+    // The q8_0 cache's: the same launches and grid, 256 converted rows and two stages of
+    // 128 raw rows (160 bytes for head_dim 128: 136 bytes of blocks at any even offset).
+    let q8 = VARIANTS
+        .iter()
+        .find(|v| v.func == "attention_prefill_q8")
+        .unwrap();
+    assert_eq!(q8.of, KernelId::AttentionQ8);
+    assert!(q8.large_smem && !q8.scratch && q8.pre.is_none());
+    let qwen3 = (q8.applies)(&attention(65, 32, 4, 128), 232_448).unwrap();
+    assert_eq!(qwen3, 256 * 136 * 2 + 256 * 160);
+    // Two blocks an SM (228 KiB, 1 KiB of it reserved a block), as for the f16 cache.
+    assert!(2 * (qwen3 + 1024) <= 228 * 1024);
+    assert_eq!(
+        (q8.applies)(&attention(512, 8, 2, 64), 232_448),
+        Some(256 * 72 * 2 + 256 * 96)
+    );
+    assert_eq!(
+        (q8.applies)(&attention(512, 6, 2, 96), 232_448),
+        Some(256 * 104 * 2 + 256 * 128)
+    );
+    assert!((q8.applies)(&attention(64, 32, 4, 128), 232_448).is_none());
+    assert!((q8.applies)(&attention(512, 32, 4, 128), 110_591).is_none());
+    assert!((q8.applies)(&attention(512, 32, 4, 80), 232_448).is_none());
+    assert_eq!(
+        (q8.grid.unwrap())(&attention(4096, 32, 4, 128), 256),
+        Some(1024)
+    );
+    // Decode steps and verify windows (up to 64 tokens) keep the per-row kernels and their
+    // long-span variants; those never take a prefill.
+    for id in [KernelId::Attention, KernelId::AttentionQ8] {
+        for n in [1, 8, 64, 65, 4096] {
+            let taking: Vec<_> = VARIANTS
+                .iter()
+                .filter(|v| v.of == id && (v.applies)(&attention(n, 32, 4, 128), 232_448).is_some())
+                .map(|v| v.func)
+                .collect();
+            let prefill = taking.iter().filter(|f| f.contains("prefill")).count();
+            let want = if n > 64 { taking.len().max(1) } else { 0 };
+            assert_eq!(prefill, want, "{n} tokens: {taking:?}");
+        }
+    }
 }
 
 #[test]
