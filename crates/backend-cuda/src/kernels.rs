@@ -177,18 +177,25 @@ pub fn precompile(
 ) -> Result<Vec<(&'static str, PathBuf, bool)>, Error> {
     let arch = format!("sm_{}{}", cc.0, cc.1);
     let dir = cache_root.join(&arch);
+    let mut fresh = compile_uncached(cc, Some(cache_root));
     let mut done = Vec::new();
     for (module, source) in KERNEL_SOURCES {
         if !KernelId::ALL.iter().any(|id| id.module() == *module) {
             continue;
         }
         let stem = compile::cache_stem(module, source, KERNEL_HEADERS);
-        if let Some((_, path)) = compile::cached_image(&dir, &stem, &arch) {
-            done.push((*module, path, false));
-            continue;
-        }
-        let (image, target) =
-            compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?;
+        let Some(compiled) = fresh.remove(module) else {
+            if let Some((_, path)) = compile::cached_image(&dir, &stem, &arch) {
+                done.push((*module, path, false));
+                continue;
+            }
+            return Err(Error::Compile {
+                module: module.to_string(),
+                arch: arch.clone(),
+                log: "neither cached nor compiled".into(),
+            });
+        };
+        let (image, target) = compiled?;
         let path = compile::store(&dir, &stem, &target, &image).ok_or_else(|| Error::Compile {
             module: module.to_string(),
             arch: arch.clone(),
@@ -199,11 +206,60 @@ pub fn precompile(
     Ok(done)
 }
 
-/// Compiles (or takes from `cache_root`) and loads one module.
+/// An image NVRTC built for a module, with its target, or why it could not.
+type Compiled = Result<(compile::Image, String), Error>;
+
+/// NVRTC images of the listed modules `cache_root` does not hold (all of them without a
+/// cache), each compiled on a thread of its own: a cold start then costs about the slowest
+/// module (model.cu, over a minute on the H200 machine's CPU) instead of the sum of all.
+fn compile_uncached(
+    cc: (u32, u32),
+    cache_root: Option<&Path>,
+) -> std::collections::HashMap<&'static str, Compiled> {
+    let arch = format!("sm_{}{}", cc.0, cc.1);
+    let dir = cache_root.map(|r| r.join(&arch));
+    let todo: Vec<(&'static str, &'static str)> = KERNEL_SOURCES
+        .iter()
+        .filter(|(m, _)| KernelId::ALL.iter().any(|id| id.module() == *m))
+        .filter(|(m, src)| {
+            let stem = compile::cache_stem(m, src, KERNEL_HEADERS);
+            dir.as_ref()
+                .is_none_or(|d| compile::cached_image(d, &stem, &arch).is_none())
+        })
+        .copied()
+        .collect();
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = todo
+            .iter()
+            .map(|&(m, src)| {
+                let job = s.spawn(move || {
+                    compile::nvrtc_compile(m, src, KERNEL_HEADERS, cc.0 * 10 + cc.1)
+                });
+                (m, job)
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|(m, job)| {
+                let r = job.join().unwrap_or_else(|_| {
+                    Err(Error::Compile {
+                        module: m.to_string(),
+                        arch: arch.clone(),
+                        log: "the compiling thread panicked".into(),
+                    })
+                });
+                (m, r)
+            })
+            .collect()
+    })
+}
+
+/// Compiles (or takes from `cache_root`, or from `fresh`: images compiled just now) and
+/// loads one module.
 fn load_module(
     module: &'static str,
     cc: (u32, u32),
     cache_root: Option<&Path>,
+    fresh: Option<Compiled>,
 ) -> Result<(sys::CUmodule, Origin), Error> {
     let arch = format!("sm_{}{}", cc.0, cc.1);
     let source = source_of(module).ok_or_else(|| Error::Compile {
@@ -229,7 +285,10 @@ fn load_module(
             }
         }
     }
-    let (image, target) = compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?;
+    let (image, target) = match fresh {
+        Some(compiled) => compiled?,
+        None => compile::nvrtc_compile(module, source, KERNEL_HEADERS, cc.0 * 10 + cc.1)?,
+    };
     let m = load_image(&image)?;
     if let Some(dir) = &dir {
         compile::store(dir, &stem, &target, &image);
@@ -344,13 +403,14 @@ impl KernelTable {
             origins: Vec::new(),
         };
         let mut loaded: Vec<(&'static str, sys::CUmodule)> = Vec::new();
+        let mut fresh = compile_uncached(cc, cache_root);
         // On error `table` drops here and unloads what was loaded.
         for (module, _) in KERNEL_SOURCES {
             if !KernelId::ALL.iter().any(|id| id.module() == *module) {
                 tracing::debug!("cuda: kernels-cuda/{module}.cu defines no listed kernel");
                 continue;
             }
-            let (m, origin) = load_module(module, cc, cache_root)?;
+            let (m, origin) = load_module(module, cc, cache_root, fresh.remove(module))?;
             table.modules.push(m);
             table.origins.push((module, origin));
             loaded.push((module, m));
