@@ -15,12 +15,11 @@
 #[allow(dead_code)]
 mod http_client;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use http_client::{Reply, send};
-use serde_json::{Value, json};
+use http_client::{Logs, Reply, metric, post_json as post, send};
+use serde_json::json;
 use strata_core::Device;
 use strata_engine::SamplingParams;
 use strata_engine::experts::{ExpertCache, ExpertCacheOptions};
@@ -62,47 +61,6 @@ fn tokens(n: usize, seed: u32) -> Vec<u32> {
             3 + s % 509
         })
         .collect()
-}
-
-/// Log lines of every thread (the scheduler's included), for the K/V lines.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn lines(&self) -> Vec<String> {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines().map(str::to_string).collect()
-    }
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
-    send(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let text = send(addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// What a request got: text, finish reason, prompt and completion tokens.
@@ -224,9 +182,9 @@ fn scenario(grow: Option<KvGrowOptions>, reserve_all: bool) -> Run {
     let mut follow_up = doc.clone();
     follow_up.extend(&reply);
     follow_up.extend(tokens(8, 3));
-    let resumed_before = metric(addr, "strata_resumed_tokens_total");
+    let resumed_before = metric::<f64>(addr, "strata_resumed_tokens_total");
     answers.push(complete(addr, &follow_up));
-    let resumed = metric(addr, "strata_resumed_tokens_total") - resumed_before;
+    let resumed = metric::<f64>(addr, "strata_resumed_tokens_total") - resumed_before;
     // (4) Another new chat.
     answers.push(chat(
         addr,
@@ -241,10 +199,10 @@ fn scenario(grow: Option<KvGrowOptions>, reserve_all: bool) -> Run {
     let run = Run {
         answers,
         resumed,
-        grows: metric(addr, "strata_kv_grows_total"),
-        trims: metric(addr, "strata_kv_trims_total"),
-        refusals: metric(addr, "strata_kv_refusals_total"),
-        cells: metric(addr, "strata_kv_cells"),
+        grows: metric::<f64>(addr, "strata_kv_grows_total"),
+        trims: metric::<f64>(addr, "strata_kv_trims_total"),
+        refusals: metric::<f64>(addr, "strata_kv_refusals_total"),
+        cells: metric::<f64>(addr, "strata_kv_cells"),
     };
     if let Some(engine) = state.engine() {
         engine.stop(std::time::Duration::from_secs(10));

@@ -14,12 +14,10 @@
 #[allow(dead_code)]
 mod http_client;
 
-use std::io::Write;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use http_client::{Reply, send, sse_events};
+use http_client::{Logs, Reply, metric, post_json as post, sse_events};
 use serde_json::{Value, json};
 use strata_core::Device;
 use strata_engine::SamplingParams;
@@ -43,26 +41,6 @@ const AGAIN: &str = "Again:\n";
 /// Raw text SmolLM2 goes on almost repeating: some drafts are rejected.
 const COLOURS: &str = "red, green, blue, red, green, blue, red, green, blue, red, green, blue,";
 const SYSTEM: &str = "You are a helpful assistant.";
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
-    send(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
-fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let text = send(addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// The whole JSON body but its id and creation time.
 fn body(r: &Reply) -> Value {
@@ -128,27 +106,6 @@ struct Run {
     accepted: u64,
 }
 
-/// Log lines of every thread (the scheduler's end-of-request lines).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn lines(&self) -> Vec<String> {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines().map(str::to_string).collect()
-    }
-}
-
 /// The requests of both servers (one slot, so a follow-up finds its conversation either
 /// still in the context or parked).
 fn scenario(
@@ -193,7 +150,7 @@ fn scenario(
     let mut run = Run::default();
     let resumed = |run: &mut Run, before: u64| {
         run.resumed
-            .push(metric(addr, "strata_resumed_tokens_total") - before);
+            .push(metric::<u64>(addr, "strata_resumed_tokens_total") - before);
     };
 
     // 1. The repetitive prompt.
@@ -205,8 +162,8 @@ fn scenario(
     );
     run.bodies.push(body(&r));
     run.first = (
-        metric(addr, "strata_spec_windows_total"),
-        metric(addr, "strata_spec_accepted_tokens_total"),
+        metric::<u64>(addr, "strata_spec_windows_total"),
+        metric::<u64>(addr, "strata_spec_accepted_tokens_total"),
     );
     let continuation = run.bodies[0]["choices"][0]["text"]
         .as_str()
@@ -239,7 +196,7 @@ fn scenario(
     // accepted past it are not part of the conversation.
     let mut follow = again.clone();
     follow.extend(tok.encode(&continuation, false, false).unwrap());
-    let before = metric(addr, "strata_resumed_tokens_total");
+    let before = metric::<u64>(addr, "strata_resumed_tokens_total");
     let r = post(
         addr,
         "/v1/completions",
@@ -277,7 +234,7 @@ fn scenario(
         ("assistant", answer.as_str()),
         ("user", "Now write the word goodbye twice."),
     ];
-    let before = metric(addr, "strata_resumed_tokens_total");
+    let before = metric::<u64>(addr, "strata_resumed_tokens_total");
     let r = post(addr, "/v1/chat/completions", &chat_body(&next, 24, false));
     run.bodies.push(body(&r));
     resumed(&mut run, before);
@@ -292,9 +249,9 @@ fn scenario(
     assert_eq!(v["usage"]["completion_tokens"], 16, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 
-    run.windows = metric(addr, "strata_spec_windows_total");
-    run.drafted = metric(addr, "strata_spec_draft_tokens_total");
-    run.accepted = metric(addr, "strata_spec_accepted_tokens_total");
+    run.windows = metric::<u64>(addr, "strata_spec_windows_total");
+    run.drafted = metric::<u64>(addr, "strata_spec_draft_tokens_total");
+    run.accepted = metric::<u64>(addr, "strata_spec_accepted_tokens_total");
     if let Some(engine) = state.engine() {
         engine.stop(std::time::Duration::from_secs(10));
     }

@@ -9,11 +9,10 @@
 #[allow(dead_code)]
 mod http_client;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_client::{Reply, send};
-use serde_json::{Value, json};
+use http_client::{Reply, metric, post_json as post};
+use serde_json::json;
 use strata_core::Device;
 use strata_engine::SamplingParams;
 use strata_engine::experts::{ExpertCache, ExpertCacheOptions};
@@ -40,26 +39,6 @@ fn model_file() -> Arc<GgufFile> {
     }))
     .unwrap();
     Arc::new(GgufFile::from_bytes(synth::synthesize(&spec).unwrap()).unwrap())
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
-    send(
-        addr,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
-fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let text = send(addr, "GET", "/metrics", &[], b"").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 fn free(dev: &Device) -> u64 {
@@ -146,7 +125,7 @@ fn starved_completion(spec: SpecConfig) -> Answer {
         "ignore_eos": true,
     });
     let a = answer(&post(addr, "/v1/completions", &body));
-    let windows = metric(addr, "strata_spec_windows_total");
+    let windows = metric::<f64>(addr, "strata_spec_windows_total");
     assert_eq!(windows > 0.0, speculating, "windows: {windows}");
     if let Some(engine) = state.engine() {
         engine.stop(std::time::Duration::from_secs(10));

@@ -111,3 +111,50 @@ pub fn sse_events(body: &str) -> (Vec<serde_json::Value>, bool) {
     }
     (events, done)
 }
+
+/// POST a JSON body to `path`.
+pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Reply {
+    send(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The value of one unlabelled series of GET /metrics.
+pub fn metric<T: std::str::FromStr>(addr: SocketAddr, name: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    let text = send(addr, "GET", "/metrics", &[], b"").text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Log lines of every thread, captured (a `tracing` writer), e.g. the scheduler's
+/// end-of-request lines.
+#[derive(Clone, Default)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    pub fn lines(&self) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines().map(str::to_string).collect()
+    }
+}
