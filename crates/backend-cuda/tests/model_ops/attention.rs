@@ -12,6 +12,16 @@ struct Case {
     pos0: usize,
 }
 
+/// Random queries, and K and V rows for every position up to the case's last.
+fn case_inputs(rng: &mut Rng, c: &Case) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = (c.pos0 + c.n_tokens) * c.n_kv_head * c.head_dim;
+    (
+        rng.vec(c.n_tokens * c.n_head * c.head_dim, 2.0),
+        rng.vec(rows, 2.0),
+        rng.vec(rows, 1.0),
+    )
+}
+
 /// Stores K/V rows 0..pos0 + n_tokens (f16, or q8_0 with `q8`), then attends with the
 /// launch shape `cfg`.
 #[allow(clippy::too_many_arguments)]
@@ -140,11 +150,7 @@ fn attention_matches_the_cpu() {
         },
     ];
     for c in &cases {
-        let kv_dim = c.n_kv_head * c.head_dim;
-        let ctx = c.pos0 + c.n_tokens;
-        let q = rng.vec(c.n_tokens * c.n_head * c.head_dim, 2.0);
-        let k = rng.vec(ctx * kv_dim, 2.0);
-        let v = rng.vec(ctx * kv_dim, 1.0);
+        let (q, k, v) = case_inputs(&mut rng, c);
         let units = c.n_tokens * c.n_head;
         let cpu = run(&p.cpu, false, c, &q, &k, &v, &ops_cfg(units));
         let what = format!(
@@ -214,11 +220,7 @@ fn attention_q8_prefill_matches_the_cpu() {
         },
     ];
     for c in &cases {
-        let kv_dim = c.n_kv_head * c.head_dim;
-        let ctx = c.pos0 + c.n_tokens;
-        let q = rng.vec(c.n_tokens * c.n_head * c.head_dim, 2.0);
-        let k = rng.vec(ctx * kv_dim, 2.0);
-        let v = rng.vec(ctx * kv_dim, 1.0);
+        let (q, k, v) = case_inputs(&mut rng, c);
         let units = c.n_tokens * c.n_head;
         let per_unit = LaunchCfg::linear(units * 256, 256);
         let what = format!(
