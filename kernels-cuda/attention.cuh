@@ -124,6 +124,9 @@ struct AttKvF16 {
         return ggml_softmax_exp(x, j, span);
     }
     __device__ __forceinline__ static float probability(float p) { return round_to_f16(p); }
+    __device__ __forceinline__ static uint32_t q_at(uint32_t h, uint32_t d, uint32_t head_dim) {
+        return att_q_at(h, d, head_dim);
+    }
 
     // part[h] += Σ over quarter `qt`'s dimensions of q_h · k_j, for the unit's nh heads.
     __device__ __forceinline__ void score_part(const float* qs, uint64_t j, uint32_t qt,
@@ -178,7 +181,9 @@ struct AttKvF16 {
 
 // The q8_0 cache (kv_q8.cuh's layout: per 32 values an f16 scale d and 32 int8, 17 u16):
 // q · k = Σ over 16-value halves of a block of d · Σ_i q_i · q8_i, the query not rounded.
-// head_dim % 32 == 0, so a quarter is whole halves.
+// A row's four threads take whole halves, none crossing a block: thread qt halves
+// qt·H/4 .. (qt + 1)·H/4 of the H = head_dim / 16 (its quarter when head_dim % 64 == 0;
+// at 32, 96, ... two halves of one thread, one or none of another).
 struct AttKvQ8 {
     const uint16_t* k;
     const uint16_t* v;
@@ -190,11 +195,19 @@ struct AttKvQ8 {
     __device__ __forceinline__ static float exp(float x, uint64_t, uint64_t) { return expf(x); }
     __device__ __forceinline__ static float probability(float p) { return p; }
 
+    // Where dimension d of head h's query sits: shifted by the number of the thread whose
+    // half holds it (att_q_at's quarter when head_dim % 64 == 0), so that a thread's half
+    // is one run and the row's four threads read different banks.
+    __device__ __forceinline__ static uint32_t q_at(uint32_t h, uint32_t d, uint32_t head_dim) {
+        const uint32_t H = head_dim / 16;
+        return h * ATT_Q_STRIDE + d + (4 * (d / 16 + 1) + H - 1) / H - 1;
+    }
+
     __device__ __forceinline__ void score_part(const float* qs, uint64_t j, uint32_t qt,
                                                uint32_t nh, float (&part)[ATT_HEADS]) const {
         const uint16_t* kr = k + j * row + head_at;
-        const uint32_t n = head_dim / 4, d0 = qt * n;
-        for (uint32_t d = d0; d < d0 + n; d += 16) {
+        const uint32_t H = head_dim / 16;
+        for (uint32_t d = 16 * (qt * H / 4); d < 16 * ((qt + 1) * H / 4); d += 16) {
             const uint16_t* blk = kr + (d / 32) * 17;
             uint16_t two[8];
 #pragma unroll
@@ -208,7 +221,7 @@ struct AttKvQ8 {
                 const float kq = (float)(int8_t)(two[i / 2] >> (8 * (i & 1)));
 #pragma unroll
                 for (uint32_t h = 0; h < ATT_HEADS; h++)
-                    if (h < nh) seg[h] = fmaf(qs[h * ATT_Q_STRIDE + d + i + qt], kq, seg[h]);
+                    if (h < nh) seg[h] = fmaf(qs[h * ATT_Q_STRIDE + d + i + qt], kq, seg[h]);  // q_at
             }
 #pragma unroll
             for (uint32_t h = 0; h < ATT_HEADS; h++)
@@ -362,7 +375,7 @@ __device__ __forceinline__ void att_load_queries(float* qs, const float* qg, uin
                                                  uint32_t head_dim) {
     for (uint32_t i = threadIdx.x; i < nh * head_dim; i += blockDim.x) {
         const uint32_t h = i / head_dim, d = i % head_dim;
-        qs[att_q_at(h, d, head_dim)] = Kv::rounds_query ? round_to_f16(qg[i]) : qg[i];
+        qs[Kv::q_at(h, d, head_dim)] = Kv::rounds_query ? round_to_f16(qg[i]) : qg[i];
     }
 }
 

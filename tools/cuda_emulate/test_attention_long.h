@@ -42,6 +42,8 @@ static void test_attention_long() {
         {false, 12, 1, 32, 128, {50, 99, 100, 600}}, {true, 12, 1, 64, 128, {50, 99, 100, 600}},
         // head_dim 96 (P·V subsets leave threads out at 256), a position outside the cache
         {false, 4, 4, 96, 256, {130, 64, 5000, 1023}},
+        // the q8_0 cache at head_dim 96 and 32 (a row's score threads off block edges)
+        {true, 4, 4, 96, 256, {130, 64, 5000, 1023}}, {true, 12, 1, 32, 128, {50, 99, 100, 600}},
         // at the threshold and 20 times past it (with -DATT_LONG_REAL: 1024 rows, 20480)
         {false, 8, 2, 64, 256, {ATT_LONG_MIN_SPAN - 1, ATT_LONG_MIN_SPAN, 20 * ATT_LONG_MIN_SPAN - 1}},
         {true, 8, 2, 64, 256, {ATT_LONG_MIN_SPAN - 1, ATT_LONG_MIN_SPAN, 20 * ATT_LONG_MIN_SPAN - 1}},

@@ -308,6 +308,63 @@ fn attend(
     download(d, &out)
 }
 
+/// attention_q8 at head_dims off 64 (Phi-3's 96, and 32: a row's four score threads split
+/// off q8_0 block edges, attention.cuh AttKvQ8) and on it (64, 128), against the CPU's int8
+/// attention: decode steps and short batches (the per-row kernel, f32 sums as the CPU's:
+/// ~1e-7 from the exact softmax in the emulator's attention_q8 test, 2e-4 as the deep
+/// test's q8 tolerance), a span past 1,024 rows at 96 (attention_long_q8) and a batch of
+/// 65 tokens at 96 (attention_prefill_q8, PREFILL_TOL). A block per (token, head), as kv.rs
+/// launches it, and the few blocks of ops_cfg give the same bits.
+#[test]
+fn attention_q8_head_dims_match_the_cpu() {
+    let Some(p) = pair("attention_q8_head_dims_match_the_cpu") else {
+        return;
+    };
+    let mut rep = Report::default();
+    let mut rng = Rng::new(63);
+    let case = |n_tokens, n_head, n_kv_head, head_dim, pos0| Case {
+        n_tokens,
+        n_head,
+        n_kv_head,
+        head_dim,
+        pos0,
+    };
+    let cases = [
+        case(1, 4, 2, 32, 300),
+        case(7, 12, 1, 32, 37),
+        case(1, 8, 2, 64, 300),
+        case(1, 32, 32, 96, 700),
+        case(7, 6, 2, 96, 37),
+        case(2, 32, 32, 96, 1500),
+        case(65, 6, 2, 96, 0),
+        case(1, 8, 2, 128, 300),
+    ];
+    for c in &cases {
+        let kv_dim = c.n_kv_head * c.head_dim;
+        let ctx = c.pos0 + c.n_tokens;
+        let q = rng.vec(c.n_tokens * c.n_head * c.head_dim, 2.0);
+        let k = rng.vec(ctx * kv_dim, 2.0);
+        let v = rng.vec(ctx * kv_dim, 1.0);
+        let units = c.n_tokens * c.n_head;
+        let per_unit = LaunchCfg::linear(units * 256, 256);
+        let what = format!(
+            "attention_q8 t={} heads {}/{} hd={} pos0={}",
+            c.n_tokens, c.n_head, c.n_kv_head, c.head_dim, c.pos0
+        );
+        let cpu = run(&p.cpu, true, c, &q, &k, &v, &per_unit);
+        let gpu = run(&p.gpu, true, c, &q, &k, &v, &per_unit);
+        let tol = if c.n_tokens > PER_ROW_MAX_TOKENS {
+            PREFILL_TOL
+        } else {
+            2e-4
+        };
+        rep.close(&what, &gpu, &cpu, tol, |_| 1.0);
+        let gpu2 = run(&p.gpu, true, c, &q, &k, &v, &ops_cfg(units));
+        rep.exact(&format!("{what} ops_cfg vs a block per unit"), &gpu2, &gpu);
+    }
+    rep.finish();
+}
+
 /// Qwen3-30B-A3B's heads (32 query heads over 4 K/V heads of 128) deep in the cache, where
 /// a unit spans more than a cluster's 16 chunks of 64 rows (attention.cuh), for both cache
 /// formats: one token at depth 20000, and a 64-token window at 1100..1164 (chunk 18 starts
