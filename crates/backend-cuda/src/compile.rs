@@ -123,13 +123,12 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     env("HOME").map(|h| h.join(".cache").join("strata").join("kernels"))
 }
 
-/// A cached image for `stem`, preferring machine code for `arch` over PTX.
-pub(crate) fn cached_image(dir: &Path, stem: &str, arch: &str) -> Option<(Image, PathBuf)> {
+/// The cached image file for `stem`, preferring machine code for `arch` over the newest
+/// PTX (the file is not read: whether a module needs compiling is decided from this).
+pub(crate) fn cached_path(dir: &Path, stem: &str, arch: &str) -> Option<PathBuf> {
     let cubin = dir.join(format!("{stem}.{arch}.cubin"));
-    if let Ok(b) = std::fs::read(&cubin)
-        && !b.is_empty()
-    {
-        return Some((Image::Cubin(b), cubin));
+    if std::fs::metadata(&cubin).is_ok_and(|m| m.len() > 0) {
+        return Some(cubin);
     }
     let prefix = format!("{stem}.compute_");
     let mut ptx: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -142,8 +141,16 @@ pub(crate) fn cached_image(dir: &Path, stem: &str, arch: &str) -> Option<(Image,
         })
         .collect();
     ptx.sort();
-    let path = ptx.pop()?;
-    let mut b = std::fs::read(&path).ok()?;
+    ptx.pop()
+}
+
+/// A cached image for `stem` ([`cached_path`]'s file, read).
+pub(crate) fn cached_image(dir: &Path, stem: &str, arch: &str) -> Option<(Image, PathBuf)> {
+    let path = cached_path(dir, stem, arch)?;
+    let mut b = std::fs::read(&path).ok().filter(|b| !b.is_empty())?;
+    if path.extension().is_some_and(|e| e == "cubin") {
+        return Some((Image::Cubin(b), path));
+    }
     if b.last() != Some(&0) {
         b.push(0);
     }

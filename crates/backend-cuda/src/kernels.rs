@@ -185,7 +185,7 @@ pub fn precompile(
         }
         let stem = compile::cache_stem(module, source, KERNEL_HEADERS);
         let Some(compiled) = fresh.remove(module) else {
-            if let Some((_, path)) = compile::cached_image(&dir, &stem, &arch) {
+            if let Some(path) = compile::cached_path(&dir, &stem, &arch) {
                 done.push((*module, path, false));
                 continue;
             }
@@ -224,7 +224,7 @@ fn compile_uncached(
         .filter(|(m, src)| {
             let stem = compile::cache_stem(m, src, KERNEL_HEADERS);
             dir.as_ref()
-                .is_none_or(|d| compile::cached_image(d, &stem, &arch).is_none())
+                .is_none_or(|d| compile::cached_path(d, &stem, &arch).is_none())
         })
         .copied()
         .collect();

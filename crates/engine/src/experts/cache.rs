@@ -396,10 +396,15 @@ impl ExpertCache {
             }
         }
         if let Some(t) = self.timeline(n) {
-            let mut seen: Vec<i32> = ids.to_vec();
-            seen.sort_unstable();
-            seen.dedup();
-            t.distinct_experts += seen.len() as u64;
+            // One token's top-k experts are distinct: only a window's need counting.
+            t.distinct_experts += if n == 1 {
+                pairs as u64
+            } else {
+                let mut seen: Vec<i32> = ids.to_vec();
+                seen.sort_unstable();
+                seen.dedup();
+                seen.len() as u64
+            };
         }
         let misses = cpu_ids.len() as u64;
         let hits = pairs as u64 - misses;
