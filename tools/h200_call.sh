@@ -12,9 +12,9 @@
 # a 50% cache), kt-att / kt-win (per-kernel profiles at 32K / of a window), pool (pool_timing
 # at 16 and 8 threads), kcache, sweep (SWEEP: kernel-cache variants at SWEEP_DEPTH), quick (two test binaries on
 # the cached kernels; QUICK names them), cb (cuda_backend: compiles every module cold in a folder of its own),
-# unpack (the xz-packed binaries of BUNDLE=1), stash / smol (SmolLM2 carried in pieces,
-# tools/h200_smol_parts.sh: its GPU logits test and ci/bench-spec.sh with llama.cpp's n-gram
-# and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
+# unpack (the xz-packed binaries of BUNDLE=1), stash / smol / smol-spec (SmolLM2 carried in
+# pieces, tools/h200_smol_parts.sh: its GPU logits test; ci/bench-spec.sh with llama.cpp's
+# n-gram and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
 # (window without mul_mat_vec_q8_rows). LLAMA=0: depth runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -109,7 +109,8 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
           sum=$(sha256sum "$SM" | cut -d' ' -f1)
           [ "$sum" = "$(cat .carry/smol*/SHA256 2>/dev/null | head -1)" ] || { stamp "SmolLM2 checksum $sum differs"; rm -f "$SM"; continue; }
           export STRATA_SMOLLM2=$SM
-          run smol-logits 200 "$C/model_logits" --test-threads=1 smollm2
+          run smol-logits 200 "$C/model_logits" --test-threads=1 smollm2 ;;
+    smol-spec) [ -f "$SM" ] || { stamp "no SmolLM2 (smol first)"; continue; }
           wait_llama && run smol-spec "$(left)" env STRATA="$S" MODEL="$SM" STRATA_ARGS="--backend cuda" \
             LLAMA_BIN="$LB" LLAMA_ARGS="-ngl 99" LLAMA_DRAFT="$SM" LLAMA_DRAFT_ARGS="-ngld 99" \
             REPS="${SMOL_REPS:-2}" bash ci/bench-spec.sh ;;
