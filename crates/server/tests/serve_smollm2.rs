@@ -8,6 +8,7 @@
 
 #[allow(dead_code)]
 mod http_client;
+mod test_server;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +19,8 @@ use strata_engine::{Context, GenerateParams, SamplingParams, StopReason, generat
 use strata_model::Model;
 use strata_model::models::smollm2_path;
 use strata_model::tokenizer::Tokenizer;
-use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
+use strata_server::{Engine, EngineConfig};
+use test_server::TestServer;
 
 const KEY: &str = "test-key-123";
 const MODEL: &str = "smollm2-test";
@@ -164,23 +166,8 @@ fn serve_smollm2_end_to_end() {
         eprintln!("skipping: SmolLM2-135M-Instruct.Q4_1.gguf not found (set STRATA_SMOLLM2)");
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let state = AppState::new(ServerConfig {
-        model_name: MODEL.into(),
-        api_key: Some(KEY.into()),
-        body_limit: 64 << 10,
-        sampling: SamplingParams::default(),
-    });
-    let listener = rt.block_on(strata_server::bind("127.0.0.1", 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(strata_server::serve(listener, state.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server = TestServer::start(MODEL, Some(KEY), 64 << 10);
+    let (state, addr) = (server.state.clone(), server.addr);
 
     // Listening but not loaded: /health is 503, completions too.
     assert_eq!(get(addr, "/health").status, 503);
@@ -287,8 +274,7 @@ fn serve_smollm2_end_to_end() {
 
     concurrent_clients(addr, &first, &want1);
 
-    let _ = stop_tx.send(());
-    rt.block_on(server).unwrap().unwrap();
+    server.stop();
 }
 
 /// Every request here is wrong in one way and must get exactly `status` with an OpenAI

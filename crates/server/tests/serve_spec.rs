@@ -13,6 +13,7 @@
 
 #[allow(dead_code)]
 mod http_client;
+mod test_server;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,12 +21,12 @@ use std::sync::Arc;
 use http_client::{Logs, Reply, metric, post_json as post, sse_events};
 use serde_json::{Value, json};
 use strata_core::Device;
-use strata_engine::SamplingParams;
 use strata_engine::spec::SpecConfig;
 use strata_model::Model;
 use strata_model::models::smollm2_path;
 use strata_model::tokenizer::Tokenizer;
-use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
+use strata_server::{Engine, EngineConfig};
+use test_server::TestServer;
 
 const MODEL: &str = "smollm2-spec";
 const N_CTX: u32 = 1024;
@@ -116,23 +117,8 @@ fn scenario(
     draft: Option<Arc<Model>>,
 ) -> Run {
     let tok = Arc::new(Tokenizer::from_gguf_file(path).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let state = AppState::new(ServerConfig {
-        model_name: MODEL.into(),
-        api_key: None,
-        body_limit: 1 << 20,
-        sampling: SamplingParams::default(),
-    });
-    let listener = rt.block_on(strata_server::bind("127.0.0.1", 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(strata_server::serve(listener, state.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server = TestServer::start(MODEL, None, 1 << 20);
+    let (state, addr) = (server.state.clone(), server.addr);
     let config = EngineConfig {
         spec,
         draft,
@@ -252,11 +238,7 @@ fn scenario(
     run.windows = metric::<u64>(addr, "strata_spec_windows_total");
     run.drafted = metric::<u64>(addr, "strata_spec_draft_tokens_total");
     run.accepted = metric::<u64>(addr, "strata_spec_accepted_tokens_total");
-    if let Some(engine) = state.engine() {
-        engine.stop(std::time::Duration::from_secs(10));
-    }
-    let _ = stop_tx.send(());
-    rt.block_on(server).unwrap().unwrap();
+    server.stop();
     run
 }
 

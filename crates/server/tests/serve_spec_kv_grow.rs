@@ -8,13 +8,13 @@
 
 #[allow(dead_code)]
 mod http_client;
+mod test_server;
 
 use std::sync::Arc;
 
 use http_client::{Reply, metric, post_json as post};
 use serde_json::json;
 use strata_core::Device;
-use strata_engine::SamplingParams;
 use strata_engine::experts::{ExpertCache, ExpertCacheOptions};
 use strata_engine::kv_grow::KvGrowOptions;
 use strata_engine::spec::SpecConfig;
@@ -22,7 +22,8 @@ use strata_gguf::GgufFile;
 use strata_model::synth::{self, SynthSpec};
 use strata_model::tokenizer::{Tokenizer, TokenizerSpec};
 use strata_model::{LoadOptions, Model};
-use strata_server::{AppState, Engine, EngineConfig, ServerConfig};
+use strata_server::{Engine, EngineConfig};
+use test_server::TestServer;
 
 const MODEL: &str = "synth-moe";
 const N_CTX: u32 = 4096;
@@ -93,23 +94,8 @@ fn starved_completion(spec: SpecConfig) -> Answer {
         step: 64,
         reserve: free(&dev),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let state = AppState::new(ServerConfig {
-        model_name: MODEL.into(),
-        api_key: None,
-        body_limit: 1 << 20,
-        sampling: SamplingParams::default(),
-    });
-    let listener = rt.block_on(strata_server::bind("127.0.0.1", 0)).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = rt.spawn(strata_server::serve(listener, state.clone(), async {
-        let _ = stop_rx.await;
-    }));
+    let server = TestServer::start(MODEL, None, 1 << 20);
+    let (state, addr) = (server.state.clone(), server.addr);
     let config = EngineConfig {
         experts: Some(cache.shared()),
         kv_grow: Some(grow),
@@ -127,11 +113,7 @@ fn starved_completion(spec: SpecConfig) -> Answer {
     let a = answer(&post(addr, "/v1/completions", &body));
     let windows = metric::<f64>(addr, "strata_spec_windows_total");
     assert_eq!(windows > 0.0, speculating, "windows: {windows}");
-    if let Some(engine) = state.engine() {
-        engine.stop(std::time::Duration::from_secs(10));
-    }
-    let _ = stop_tx.send(());
-    rt.block_on(server).unwrap().unwrap();
+    server.stop();
     a
 }
 
