@@ -15,7 +15,8 @@
 # unpack (the xz-packed binaries of BUNDLE=1), stash / smol / smol-spec (SmolLM2 carried in
 # pieces, tools/h200_smol_parts.sh: its GPU logits test; ci/bench-spec.sh with llama.cpp's
 # n-gram and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
-# (window without mul_mat_vec_q8_rows). LLAMA=0: depth runs strata alone.
+# (window without mul_mat_vec_q8_rows), tg-sweep (TG_SWEEP: decode at the 50% cache per kernel-cache
+# variant), smol-diag (SmolLM2's window cost with graphs on/off). LLAMA=0: depth runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
 C=$PWD/.carry/h200
@@ -95,6 +96,18 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            done
            [ -n "$best" ] && export STRATA_CACHE_DIR="/tmp/kc/$best" STRATA_NVRTC_DEFINES="$(cat "/tmp/kc/$best/DEFINES")"
            stamp "sweep: kept ${best:-none} ($best_us us)" ;;
+    tg-sweep) # decode at the 50% cache with each cached kernel variant (TG_SWEEP names in
+           # /tmp/kc), two interleaved rounds: tg tokens/s of `bench -p 0 -n 64 -r 2`
+           for round in 1 2; do for v in ${TG_SWEEP:-default}; do
+             defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
+             run "tg-$v-$round" 120 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" $B -p 0 -n 64 -r 2
+           done; done ;;
+    smol-diag) # SmolLM2's window cost: graphs on / off, without mul_mat_vec_q8_rows
+           [ -f "$SM" ] || { stamp "no SmolLM2 (smol first)"; continue; }
+           SB="$S bench -m $SM --backend cuda -p 64 -n 128 -r 2 --spec-window-cost 1,2,3,4"
+           run smol-win 60 $SB
+           run smol-win-nographs 90 $SB --no-graphs
+           run smol-win-norows 60 env STRATA_CUDA_SKIP="$NOROWS" $SB ;;
     quick) for t in ${QUICK:-attention_flash model_ops model_logits}; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
     cb) [ -x "$C/cuda_backend" ] && run test-cuda_backend "${CB_LIMIT:-300}" "$C/cuda_backend" --test-threads=1 ;;
     unpack) # the binaries travel xz-packed (tools/h200_build_carry.sh BUNDLE=1) to leave room in a call
