@@ -35,6 +35,8 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Optional kernels left out and dependent launches (default: from the environment).
     pub launch: LaunchOptions,
+    /// Per-kernel device time (`Device::kernel_times`; default: `STRATA_KERNEL_TIMING=1`).
+    pub kernel_timing: bool,
 }
 
 impl Default for CudaOptions {
@@ -42,6 +44,7 @@ impl Default for CudaOptions {
         CudaOptions {
             cache_dir: compile::default_cache_dir(),
             launch: LaunchOptions::from_env(),
+            kernel_timing: KernelTiming::enabled_by_env(),
         }
     }
 }
@@ -106,7 +109,7 @@ impl CudaBackend {
             event_pool: Mutex::new(Vec::new()),
             kernels: None,
             origins: Vec::new(),
-            timing: KernelTiming::from_env(),
+            timing: opts.kernel_timing.then(KernelTiming::default),
             read_only_register: props.read_only_register,
         };
         // From here on an error drops `backend`, which releases the context.
@@ -656,12 +659,18 @@ impl Backend for CudaBackend {
         // SAFETY: a graph we own.
         unsafe { sys::cuGraphDestroy(graph) };
         check("cuGraphInstantiateWithFlags", r)?;
+        if let Some(t) = &self.timing {
+            t.captured_as(exec as u64);
+        }
         Ok(RawGraph(exec as u64))
     }
 
     fn replay(&self, graph: RawGraph, stream: RawStream, _site: Site) -> Result<()> {
         self.bind()?;
         let s = self.stream(stream)?;
+        if let Some(t) = &self.timing {
+            t.replayed(graph.0);
+        }
         // SAFETY: an executable graph this backend instantiated.
         check("cuGraphLaunch", unsafe {
             sys::cuGraphLaunch(graph.0 as sys::CUgraphExec, s)
@@ -671,6 +680,9 @@ impl Backend for CudaBackend {
     fn destroy_graph(&self, graph: RawGraph) {
         if self.bind().is_err() {
             return;
+        }
+        if let Some(t) = &self.timing {
+            t.destroyed(graph.0);
         }
         // SAFETY: core destroys a graph once, after its replays completed.
         if let Err(e) = check("cuGraphExecDestroy", unsafe {

@@ -5,9 +5,10 @@
 //! Eager launches: the pair brackets the kernel, and also any wait for the host to submit
 //! it (small kernels then show the host's launch rate). Launches inside a graph capture:
 //! the events become event-record nodes of the graph (CU_EVENT_RECORD_EXTERNAL), so each
-//! replay re-records them and `drain` reports the last replay of the latest captured graph,
-//! kernel by kernel as the device ran it. Those events are never destroyed (a graph
-//! holding them may replay later); profiling runs only.
+//! replay re-records them and `drain` reports the last replay of the graph replayed last,
+//! kernel by kernel as the device ran it (each graph keeps its own events: a verify
+//! window's graph and the decode step's are told apart). Those events are never destroyed
+//! (a graph holding them may replay later); profiling runs only.
 
 use std::sync::Mutex;
 
@@ -16,20 +17,28 @@ use strata_core::{KernelId, KernelTime, Result};
 
 use crate::driver::check;
 
+/// One launch's timing events: (kernel, start, end), the events as raw `CUevent`s.
+type EventPair = (KernelId, usize, usize);
+
 /// Events of launches not yet summed: (kernel, start, end) as raw `CUevent`s.
 #[derive(Default)]
 pub(crate) struct KernelTiming {
-    pending: Mutex<Vec<(KernelId, usize, usize)>>,
+    pending: Mutex<Vec<EventPair>>,
     /// Event pairs inside the latest capture (replaced when a new capture begins).
     captured: Mutex<Captured>,
 }
 
 #[derive(Default)]
 struct Captured {
-    events: Vec<(KernelId, usize, usize)>,
+    /// Event pairs of the capture under way (or of the latest, until it is instantiated).
+    events: Vec<EventPair>,
     /// Whether the previous launch was captured: a captured launch after an eager one
     /// begins a new capture.
     capturing: bool,
+    /// Each instantiated graph's event pairs, by its executable's handle.
+    graphs: Vec<(u64, Vec<EventPair>)>,
+    /// The graph replayed last.
+    replayed: Option<u64>,
 }
 
 fn timing_event() -> Result<sys::CUevent> {
@@ -48,10 +57,9 @@ fn is_capturing(s: sys::CUstream) -> bool {
 }
 
 impl KernelTiming {
-    pub(crate) fn from_env() -> Option<Self> {
-        std::env::var("STRATA_KERNEL_TIMING")
-            .is_ok_and(|v| v == "1")
-            .then(Self::default)
+    /// Whether `STRATA_KERNEL_TIMING=1` asks for it.
+    pub(crate) fn enabled_by_env() -> bool {
+        std::env::var("STRATA_KERNEL_TIMING").is_ok_and(|v| v == "1")
     }
 
     /// Records the start event of a launch on `s`.
@@ -81,8 +89,34 @@ impl KernelTiming {
         Ok(())
     }
 
+    /// The capture that recorded the latest event pairs became graph `exec`.
+    pub(crate) fn captured_as(&self, exec: u64) {
+        let mut c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        let events = std::mem::take(&mut c.events);
+        c.graphs.retain(|(g, _)| *g != exec);
+        c.graphs.push((exec, events));
+    }
+
+    /// Graph `exec` was launched.
+    pub(crate) fn replayed(&self, exec: u64) {
+        self.captured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replayed = Some(exec);
+    }
+
+    /// Graph `exec` was destroyed (its handle may be reused by a later graph).
+    pub(crate) fn destroyed(&self, exec: u64) {
+        let mut c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        c.graphs.retain(|(g, _)| *g != exec);
+        if c.replayed == Some(exec) {
+            c.replayed = None;
+        }
+    }
+
     /// Waits for the recorded launches and returns their time per kernel, most first:
-    /// the eager launches since the last call, else the last replay of the latest graph.
+    /// the eager launches since the last call, else the last replay of the graph
+    /// replayed last.
     pub(crate) fn drain(&self) -> Result<Vec<KernelTime>> {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
         if pending.is_empty() {
@@ -109,12 +143,16 @@ impl KernelTiming {
         Ok(out)
     }
 
-    /// Per kernel, what the last replay of the latest captured graph took (nothing when
-    /// it has not been replayed).
+    /// Per kernel, what the last replay of the graph replayed last took (nothing when no
+    /// graph has been replayed).
     fn last_replay(&self) -> Vec<KernelTime> {
         let c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<KernelTime> = Vec::new();
-        for &(kernel, start, end) in &c.events {
+        let events = c
+            .replayed
+            .and_then(|r| c.graphs.iter().find(|(g, _)| *g == r))
+            .map_or(&[][..], |(_, e)| &e[..]);
+        for &(kernel, start, end) in events {
             // A pair no replay has recorded yet fails the query and is skipped.
             if let Ok(ms) = elapsed_ms(start, end) {
                 add(&mut out, kernel, ms, true);

@@ -407,6 +407,68 @@ fn graphs_replay_device_copies_and_offsets() {
     dev.synchronize().unwrap();
 }
 
+/// With per-kernel timing on, a graph's profile is the last replay of the graph replayed
+/// last, not of the latest capture: bench's verify-window profile and its decode-step
+/// profile come from different graphs, captured in either order.
+#[test]
+fn kernel_times_follow_the_graph_replayed_last() {
+    let _g = gpu_lock();
+    let opts = CudaOptions {
+        kernel_timing: true,
+        ..CudaOptions::default()
+    };
+    let dev = match strata_backend_cuda::device_with(0, &opts) {
+        Ok(d) => d,
+        Err(e @ (Error::NoDriver { .. } | Error::NoSuchDevice { .. })) => {
+            eprintln!("kernel_times_follow_the_graph_replayed_last: skipped ({e})");
+            return;
+        }
+        Err(e) => panic!("a CUDA device is present but could not be opened: {e}"),
+    };
+    let s = dev.main_stream();
+    let x = dev.alloc::<u32>(64).unwrap();
+    let y = dev.alloc::<u32>(64).unwrap();
+    let fill = |d: &Device, v: u32| {
+        let args = Args::new().write(&x).u32(64).u32(v);
+        d.launch(KernelId::FillU32, &LaunchCfg::linear(64, 64), &args, s)
+    };
+    let add = |d: &Device| {
+        let args = Args::new().read(&x).write(&y).u32(64).u32(1);
+        d.launch(KernelId::AddU32, &LaunchCfg::linear(64, 64), &args, s)
+    };
+    // One fill; then three adds (y = x + 1) and a fill, captured after it.
+    let mut one = dev.capture(s, |d| fill(d, 1)).unwrap();
+    let mut four = dev
+        .capture(s, |d| {
+            add(d)?;
+            add(d)?;
+            add(d)?;
+            fill(d, 2)
+        })
+        .unwrap();
+    let launches = |dev: &Device, kernel: KernelId| {
+        let times = dev.kernel_times().unwrap();
+        times
+            .iter()
+            .find(|t| t.kernel == kernel)
+            .map_or(0, |t| t.launches)
+    };
+    for round in 0..2 {
+        dev.replay(&mut one, s).unwrap();
+        dev.synchronize().unwrap();
+        assert_eq!(launches(&dev, KernelId::FillU32), 1, "round {round}: one");
+        assert_eq!(launches(&dev, KernelId::AddU32), 0, "round {round}: one");
+        dev.replay(&mut four, s).unwrap();
+        dev.synchronize().unwrap();
+        assert_eq!(launches(&dev, KernelId::AddU32), 3, "round {round}: four");
+        assert_eq!(launches(&dev, KernelId::FillU32), 1, "round {round}: four");
+    }
+    for (name, buf) in [("x", &x), ("y", &y)] {
+        let got = dev.download(buf, s).unwrap().wait().unwrap();
+        assert!(got.iter().all(|&v| v == 2), "{name}: {:?}", &got[..4]);
+    }
+}
+
 #[test]
 fn the_unordered_upload_lands_once_the_device_is_synchronised() {
     // The founding bug's verb works as a copy; only its ordering is missing.
