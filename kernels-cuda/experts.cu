@@ -45,17 +45,10 @@ __device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* s
     }
 }
 
-// Blocks an SM must fit for mul_mat_experts_cached: 4 caps it at 64 registers, where
-// ptxas spills (60 bytes); 3 gives it 80. A define so both can be measured (kernel-cache
-// variants, STRATA_NVRTC_DEFINES).
-#ifndef MV_CACHED_MIN_BLOCKS
-#define MV_CACHED_MIN_BLOCKS 4
-#endif
-
 // e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +
 // matrix_offset of slots; s < 0: y[p] untouched (the CPU pool computes that pair).
 // One token per unit, so matvec.cuh's units (bit for bit matmul.cuh's for a one-row tile).
-extern "C" __global__ void __launch_bounds__(256, MV_CACHED_MIN_BLOCKS) mul_mat_experts_cached(
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS) mul_mat_experts_cached(
     const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
     uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {

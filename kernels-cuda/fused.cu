@@ -231,7 +231,7 @@ __device__ void gate_up_unit(MvShared& sh, const MmUnit& g, const uint8_t* wu,
 
 // y[t][j] = silu(x[t] · Wg_eᵀ) · (x[t] · Wu_eᵀ), e = ids[t][j], Wg_e at byte e ·
 // expert_bytes_g of wg and Wu_e at e · expert_bytes_u of wu, both of `type` (quantised).
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     experts_gate_up(const uint8_t* wg, const uint8_t* wu, const float* x, const int32_t* ids,
                     float* y, uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                     uint32_t n_used, uint64_t expert_bytes_g, uint64_t expert_bytes_u) {
@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (n_tokens == 1) mvq_quantise_rows(x, act, type, k);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     experts_gate_up_q8(const uint8_t* wg, const uint8_t* wu, const float* x, const int32_t* ids,
                        float* y, uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                        uint32_t n_used, uint64_t expert_bytes_g, uint64_t expert_bytes_u,
@@ -373,7 +373,7 @@ __device__ __forceinline__ uint32_t mv_act_format(uint32_t type) {
 // launch (a decode step's K and V alone are 64 blocks each; together with Q, 640). Units
 // are mul_mat_vec's (matvec.cuh), per token Q's row groups, then K's, then V's, so every
 // row is bit for bit what mul_mat computes.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mul_mat_qkv(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
                 float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
                 uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
@@ -439,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // attention output projection, the residual add and the FFN norm in one launch. The last
 // block to finish (last_block: `done` is 0 before and after) adds and normalises each row;
 // bit for bit the sequence when the block is add_rms_norm's (ops.rs: one block per row).
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mul_mat_add_rms_norm(const uint8_t* wo, const float* x, float* y0, const float* a,
                          float* sum, const float* w, float* y, uint32_t* done, uint32_t type,
                          uint32_t m, uint32_t k, uint32_t n, float eps) {
@@ -465,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
 // projection, the weighted sum of its slots, the residual add and the next norm in one
 // launch. The last block to finish (last_block) sums and normalises each token's row; bit
 // for bit the sequence when the block is combine_add_rms_norm's (one block per row).
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     experts_down_norm(const uint8_t* wd, const float* x, const int32_t* ids, float* ys,
                       const float* weights, const float* res, float* sum, const float* w,
                       float* y, uint32_t* done, uint32_t type, uint32_t m, uint32_t k,
@@ -497,7 +497,7 @@ extern "C" __global__ void __launch_bounds__(256, 4)
 // its rows (a ticket per (token, head) in `done`, n_tokens × (n_head + 2 · n_kv_head) u32
 // that are 0 before the launch; that block sets its ticket back to 0), with one warp, as
 // qk_norm_rope_store computes it. Q has n_head · head_dim rows, K and V n_kv_head · head_dim.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mul_mat_qkv_rope(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
                      float* yq, float* yk, float* yv, const float* q_norm, const float* k_norm,
                      const int32_t* pos, float* q_out, uint16_t* k_cache, uint16_t* v_cache,

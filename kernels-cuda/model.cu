@@ -209,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mul_mat(const uint8_t* w, c
 
 // mul_mat for one token at a time (matvec.cuh): the CUDA backend's variant of mul_mat for
 // launches of one token; bit for bit the same results, for any n.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mul_mat_vec(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                 uint32_t k, uint32_t n) {
     pdl_begin_mv(w, type, m, k, n);
@@ -348,7 +348,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // mul_mat_experts one (token, slot) pair per unit (the form it takes for up to
 // MOE_GROUP_MIN_TOKENS tokens) with matvec.cuh's units: the CUDA backend's variant for
 // launches of few tokens; bit for bit the same results, for any n_tokens.
-extern "C" __global__ void __launch_bounds__(256, 4)
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mul_mat_experts_vec(const uint8_t* w, const float* x, const int32_t* ids, float* y,
                         uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
                         uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes) {

@@ -96,16 +96,20 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            done
            [ -n "$best" ] && export STRATA_CACHE_DIR="/tmp/kc/$best" STRATA_NVRTC_DEFINES="$(cat "/tmp/kc/$best/DEFINES")"
            stamp "sweep: kept ${best:-none} ($best_us us)" ;;
-    tg-sweep) # decode at the 50% cache with each cached kernel variant (TG_SWEEP names in
-           # /tmp/kc), two interleaved rounds: tg tokens/s of `bench -p 0 -n 64 -r 2`
-           for round in 1 2; do for v in ${TG_SWEEP:-default}; do
+    tg-sweep) # decode with each kernel-cache variant (TG_SWEEP names in /tmp/kc), TG_ROUNDS
+           # interleaved rounds (default 2): tg tokens/s of `bench -p 0 -n 64 -r 2` at the 50%
+           # cache, and with every expert resident (TG_FULL=1)
+           for round in $(seq "${TG_ROUNDS:-2}"); do for v in ${TG_SWEEP:-default}; do
              defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
              run "tg-$v-$round" 120 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" $B -p 0 -n 64 -r 2
+             [ "${TG_FULL:-0}" = 1 ] && run "tg-full-$v-$round" 120 env STRATA_CACHE_DIR="/tmp/kc/$v" \
+               STRATA_NVRTC_DEFINES="$defs" "$S" bench -m "$F" --backend cuda -p 0 -n 64 -r 2
            done; done ;;
     smol-diag) # SmolLM2's window cost: graphs on / off, without mul_mat_vec_q8_rows
            [ -f "$SM" ] || { stamp "no SmolLM2 (smol first)"; continue; }
            SB="$S bench -m $SM --backend cuda -p 64 -n 128 -r 2 --spec-window-cost 1,2,3,4"
            run smol-win 60 $SB
+           run smol-win-kt 60 env STRATA_KERNEL_TIMING=1 "$S" bench -m "$SM" --backend cuda -p 64 -n 128 -r 1 --spec-window-cost 4
            run smol-win-nographs 90 $SB --no-graphs
            run smol-win-norows 60 env STRATA_CUDA_SKIP="$NOROWS" $SB ;;
     quick) for t in ${QUICK:-attention_flash model_ops model_logits}; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
