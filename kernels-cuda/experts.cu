@@ -10,6 +10,7 @@
 #include "matvec.cuh"
 #include "slot_units.cuh"
 #include "matvec_window.cuh"
+#include "matvec_window_q8.cuh"
 
 // The per-pair units of mul_mat_experts_cached (below), over the block's share of the grid.
 __device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* slots,
@@ -113,6 +114,69 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
         u.x = x;
         u.r0 = r0;
         mvw_unit(sh.win, type, u, mask, n_used, x_per_slot, y, (uint64_t)rank, staged);
+    }
+}
+
+// mul_mat_experts_cached_multi over activation rows quantised once per launch
+// (matvec_window_q8.cuh): the CUDA backend's first choice for the windows it takes
+// (variants.rs: quantised formats, up to MVW_PAIRS pairs, rows that fit the scratch), bit
+// for bit the per-pair kernel's results. The backend launches quantise_act_q8_window just
+// before it on the same stream, both with mul_mat_experts_cached's arguments and `act`,
+// its per-stream scratch: every activation row of the launch (n_tokens, or a row per pair
+// with x_per_slot) at mvq_row_stride(k) apart. A launch it cannot take (float weights, more
+// than MVW_PAIRS pairs, not whole blocks, rows of 2^31 values or more) gets NaN everywhere.
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8_window(const uint8_t* slots, const int32_t* table, const float* x,
+                           const int32_t* ids, float* y, uint32_t type, uint32_t m, uint32_t k,
+                           uint32_t n_tokens, uint32_t n_used, uint32_t x_per_slot,
+                           uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
+                           uint8_t* act) {
+    pdl_begin_release_next();
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (pairs > MVW_PAIRS) return;  // the product refuses it
+    mvq_quantise_rows(x, act, type, k, x_per_slot ? (uint32_t)pairs : n_tokens);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi_q8(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
+    uint8_t* act) {
+    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
+    __shared__ MvwqShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || mvq_act_type(type) < 0 ||
+        pairs > MVW_PAIRS || k >= 0x80000000u) {
+        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
+        return;
+    }
+    (void)x;
+    const uint32_t rows = mv_rows_per_unit();
+    const uint32_t groups = (m + rows - 1) / rows;
+    // Blocks past the most units a launch of this size can have leave at once.
+    if (blockIdx.x >= pairs * groups) return;
+    // 32-bit unit arithmetic (64 keys x groups), fewer registers held across the units.
+    const uint32_t units = (uint32_t)window_keys(sh, ids, (uint32_t)pairs, n_expert) * groups;
+    // Grid-stride: the backend's grid (variants.rs cached_expert_units) has a block for
+    // every unit a window can have, so a block takes one unit; contiguous ranges of units
+    // would change nothing there.
+    for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t rank = un / groups, r0 = (un - rank * groups) * rows;
+        // Block-uniform: every thread sees the same key, table entry and pairs.
+        const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
+        const uint64_t mask = mvwq_pairs_of_key(sh, key, (uint32_t)pairs);
+        if (key < 0) {
+            for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
+                const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
+                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                    y[p * m + r] = nan_f32();
+            }
+            continue;
+        }
+        const int32_t s = table[key];
+        if (s < 0) continue;  // the CPU pool computes this expert's pairs
+        const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
+        mvwq_unit_of(type, l, slots + (uint64_t)s * slot_bytes + matrix_offset, r0, mask);
     }
 }
 

@@ -46,8 +46,10 @@ __device__ __forceinline__ int nth_bit(uint64_t bits, int rank) {
 // Keys of the launch's `pairs` (<= MVW_PAIRS) pairs into sh.keys and the first pair of each
 // key into sh.firsts; returns how many keys there are (the ranks of the launch's units,
 // rank r being the key of the r-th first pair). Warp 0 works (two pairs a lane, a shuffle
-// per earlier pair); every thread of the block calls it.
-__device__ __forceinline__ int window_keys(MvwShared& sh, const int32_t* ids, uint32_t pairs,
+// per earlier pair); every thread of the block calls it. S: any shared struct with keys
+// and firsts (MvwShared, matvec_window_q8.cuh's MvwqShared).
+template <class S>
+__device__ __forceinline__ int window_keys(S& sh, const int32_t* ids, uint32_t pairs,
                                           uint32_t n_expert) {
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x;

@@ -15,8 +15,9 @@
 # unpack (the xz-packed binaries of BUNDLE=1), stash / smol / smol-spec (SmolLM2 carried in
 # pieces, tools/h200_smol_parts.sh: its GPU logits test; ci/bench-spec.sh with llama.cpp's
 # n-gram and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
-# (window without mul_mat_vec_q8_rows), tg-sweep (TG_SWEEP: decode at the 50% cache per kernel-cache
-# variant), smol-diag (SmolLM2's window cost with graphs on/off). LLAMA=0: depth runs strata alone.
+# (window without mul_mat_vec_q8_rows), window-noq8 (window without
+# mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
+# smol-diag (SmolLM2's window cost with graphs on/off). LLAMA=0: depth runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
 C=$PWD/.carry/h200
@@ -41,6 +42,7 @@ run() {
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
 NOROWS=$DEF,mul_mat_vec_q8_rows
+NOQ8=$DEF,mul_mat_experts_cached_multi_q8
 B="$S bench -m $F --backend cuda --cpu-threads 16 --profile $P --expert-cache 3072"
 for step in "$@"; do
   case $step in
@@ -72,6 +74,9 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     window-norows) # the same without mul_mat_vec_q8_rows (the tiled mul_mat takes the windows)
               run window-norows 120 env STRATA_CUDA_SKIP="$NOROWS" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+                REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-noq8) # the same without mul_mat_experts_cached_multi_q8 (cached_multi takes the windows)
+              run window-noq8 120 env STRATA_CUDA_SKIP="$NOQ8" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     kt-att) run kt-att 90 env STRATA_KERNEL_TIMING=1 $B -p 0 -d 32768 -n 32
             run kt-att-long 90 env STRATA_KERNEL_TIMING=1 STRATA_CUDA_SKIP=$DEF,attention_flash,attention_flash_q8 \

@@ -18,7 +18,10 @@
 /// with it against 10.51 without, same call, 50% cache (session 12).
 /// Not left out either: `mul_mat_experts_cached_multi` (windows of 2..=8 tokens: matvec.cuh's
 /// one-token units, a unit per routed expert instead of per pair; variants.rs), listed
-/// before the grouped form; name both to run the per-pair kernel for windows.
+/// before the grouped form; name both to run the per-pair kernel for windows. Before it,
+/// `mul_mat_experts_cached_multi_q8` (the same units over activation rows quantised once
+/// per launch, quantised formats; not yet measured): add it to this list in
+/// STRATA_CUDA_SKIP to run `mul_mat_experts_cached_multi` for every window.
 const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm,mul_mat_experts_q8,\
     mul_mat_experts_cached_grouped";
 

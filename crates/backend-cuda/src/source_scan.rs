@@ -77,8 +77,15 @@ mod tests {
                 .any(|d| d.name == "mul_mat_vec" && d.waits_for_previous)
         );
         // mul_mat_vec_q8 and mul_mat_vec_q8_rows (which wait themselves, once their
-        // weights are requested) and the kernel launched before them.
-        for name in ["mul_mat_vec_q8", "mul_mat_vec_q8_rows", "quantise_act_q8"] {
+        // weights are requested), mul_mat_experts_cached_multi_q8, and the kernels
+        // launched before them.
+        for name in [
+            "mul_mat_vec_q8",
+            "mul_mat_vec_q8_rows",
+            "quantise_act_q8",
+            "mul_mat_experts_cached_multi_q8",
+            "quantise_act_q8_window",
+        ] {
             assert!(
                 defs.iter().any(|d| d.name == name && d.waits_for_previous),
                 "{name}"

@@ -189,6 +189,27 @@ fn cached_multi_applies(n_tokens: u32, n_used: u32) -> bool {
             .is_some_and(|p| p <= CACHED_MULTI_MAX_PAIRS)
 }
 
+/// mul_mat_experts_cached_multi_q8's launches: `Some((activation rows, k))` for a window
+/// mul_mat_experts_cached_multi takes, of a quantised format in whole blocks, whose rows
+/// (one per token, or per pair with x_per_slot) fit the scratch at mvq_row_stride apart.
+/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
+/// x_per_slot, ...)
+fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
+    let (ty, k, n, used, per_slot) = (
+        u32_arg(a, 5)?,
+        u32_arg(a, 7)?,
+        u32_arg(a, 8)?,
+        u32_arg(a, 9)?,
+        u32_arg(a, 10)?,
+    );
+    if !cached_multi_applies(n, used) || k == 0 {
+        return None;
+    }
+    tensor_core_format(ty)?.row_bytes(k as usize)?;
+    let rows = if per_slot != 0 { n * used } else { n };
+    mvq_rows_fit(rows, k).then_some((rows, k))
+}
+
 /// Units of the cached expert kernels that take a unit per (routed expert, 16 rows) rather
 /// than per (pair, 16 rows): at most one per pair and per expert (ids outside the experts
 /// share one), times the row groups of `block_threads` / 32 warps of 2 rows (matvec.cuh
@@ -480,8 +501,30 @@ pub(crate) const VARIANTS: &[Variant] = &[
         scratch: false,
     },
     // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
-    // x_per_slot, n_expert, ...) for a verify window: a one-token unit per (routed expert,
-    // 16 rows), its rows read once for every pair routed to it (experts.cu).
+    // x_per_slot, n_expert, ...) for a verify window of a quantised format: as
+    // mul_mat_experts_cached_multi (below, which keeps what this declines) over activation
+    // rows quantised once per launch by quantise_act_q8_window (every unit of the other
+    // quantises its rows itself, between two block barriers); bit for bit the per-pair
+    // kernel (experts.cu, matvec_window_q8.cuh).
+    Variant {
+        of: KernelId::MulMatExpertsCached,
+        func: "mul_mat_experts_cached_multi_q8",
+        applies: |a, _| cached_multi_q8_rows(a).map(|_| 0),
+        large_smem: false,
+        grid: Some(cached_expert_units),
+        grid_exact: false,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_window",
+            grid: |a| {
+                let (rows, k) = cached_multi_q8_rows(a)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+        scratch: false,
+    },
+    // The same for every window format: a one-token unit per (routed expert, 16 rows), its
+    // rows read once for every pair routed to it (experts.cu).
     Variant {
         of: KernelId::MulMatExpertsCached,
         func: "mul_mat_experts_cached_multi",

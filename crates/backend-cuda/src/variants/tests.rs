@@ -97,6 +97,77 @@ fn cached_experts_multi_takes_windows_of_up_to_64_pairs() {
 }
 
 #[test]
+fn cached_experts_multi_q8_takes_quantised_windows_whose_rows_fit_the_scratch() {
+    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
+    let cached = |ty: u32, k: u32, n: u32, per_slot: u32| {
+        let mut a = vec![buf; 5];
+        a.extend([ty, 768, k, n, 8, per_slot, 128].map(KernelArg::U32));
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+        a
+    };
+    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[pos("mul_mat_experts_cached_multi_q8")];
+    let multi = &VARIANTS[pos("mul_mat_experts_cached_multi")];
+    assert_eq!(v.of, KernelId::MulMatExpertsCached);
+    // First for the launches it takes; the other keeps what it declines (and takes them
+    // all when STRATA_CUDA_SKIP names it).
+    assert!(pos("mul_mat_experts_cached_multi_q8") < pos("mul_mat_experts_cached_multi"));
+    assert!(!v.large_smem && !v.scratch && !v.grid_exact);
+    // Q4_K gate/up (a token's row of 2,048) and down (a pair's row of 768): windows of 2..=8.
+    for n in 2..=8 {
+        assert_eq!((v.applies)(&cached(12, 2048, n, 0), 0), Some(0), "{n}");
+        assert_eq!((v.applies)(&cached(12, 768, n, 1), 0), Some(0), "{n}");
+    }
+    // Not: one token or 9, float weights (nothing to quantise), not whole blocks, rows
+    // past the scratch (64 pairs of 16,384 values), fewer arguments.
+    for a in [
+        cached(12, 2048, 1, 0),
+        cached(12, 2048, 9, 0),
+        cached(0, 2048, 4, 0),
+        cached(1, 2048, 4, 0),
+        cached(30, 2048, 4, 0),
+        cached(12, 2000, 4, 0),
+        cached(12, 0, 4, 0),
+        cached(12, 16_384, 8, 1),
+    ] {
+        assert!((v.applies)(&a, 0).is_none(), "{a:?}");
+    }
+    assert!((v.applies)(&cached(12, 16_384, 8, 0), 0).is_some());
+    assert!((v.applies)(&cached(12, 2048, 4, 0)[..10], 0).is_none());
+    // Only windows the other takes, of every quantised format it takes.
+    for ty in 0..64 {
+        let a = cached(ty, 4096, 5, 1);
+        if (v.applies)(&a, 0).is_some() {
+            assert!((multi.applies)(&a, 0).is_some(), "{ty}");
+        }
+    }
+    assert!((v.applies)(&cached(39, 4096, 5, 1), 0).is_some()); // MXFP4
+    // The same units and grid as the other.
+    let (grid, grid_multi) = (v.grid.unwrap(), multi.grid.unwrap());
+    assert_eq!(
+        grid(&cached(12, 2048, 5, 0), 256),
+        grid_multi(&cached(12, 2048, 5, 0), 256)
+    );
+    // Every activation row quantised first: a token's rows, or a row per pair; 256 values
+    // a block.
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!(pre.func, "quantise_act_q8_window");
+    assert_eq!((pre.grid)(&cached(12, 2048, 5, 0)), Some(5 * 8));
+    assert_eq!((pre.grid)(&cached(12, 768, 5, 1)), Some(40 * 3));
+    assert!((pre.grid)(&cached(12, 768, 9, 1)).is_none());
+    // In use by default (STRATA_CUDA_SKIP=...,mul_mat_experts_cached_multi_q8 for the other).
+    if std::env::var("STRATA_CUDA_SKIP").is_err() {
+        let skipped = crate::launch_options::LaunchOptions::from_env().skip_optional;
+        assert!(
+            !skipped
+                .split(',')
+                .any(|n| n.trim() == "mul_mat_experts_cached_multi_q8")
+        );
+    }
+}
+
+#[test]
 fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
     // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
     let mul_mat = |ty, m, k, n| {

@@ -1,0 +1,167 @@
+// matvec_window.cuh's verify-window units over activation rows quantised once per launch
+// (experts.cu's mul_mat_experts_cached_multi_q8 and quantise_act_q8_window, the CUDA
+// backend's variant of mul_mat_experts_cached for windows of 2..=8 tokens; variants.rs).
+//
+// Why: mul_mat_experts_cached_multi quantises a unit's activation rows in every unit (a
+// 768-row matrix has 48 units per expert, so each row ~48 times per expert), between two
+// block barriers, before it dots 16 weight rows. Here a kernel launched just before
+// quantises every activation row of the launch once into the stream's scratch
+// (matvec_q8.cuh's mvq_quantise_rows: quantise_tile's code and values), and the units read
+// the quants, scales and sums straight from global memory (L1/L2-resident, shared by every
+// block), as mul_mat_vec_q8_rows does: no shared activation, no barrier in the dot loop.
+//
+// Units and arithmetic are mul_mat_experts_cached_multi's: a unit is (an expert the window
+// routes to, the 16 rows of a one-token unit), a warp's two rows r0 + rr · nwarps + warp,
+// up to MVW_TOKENS of the expert's pairs a pass. Each pair's dot product is mv_dot's for
+// that pair alone, bit for bit: the same quantised values, lane j decodes sub-block j of
+// every 1,024-value step straight from global memory, mvq_dot is dot_sub's arithmetic, the
+// steps are summed in order with __fadd_rn from 0, the lanes by warp_sum. So a token's
+// outputs do not depend on its window (greedy speculative decoding relies on that).
+#pragma once
+
+#include "common.cuh"
+#include "quant.cuh"
+#include "matmul.cuh"
+#include "matvec.cuh"
+#include "matvec_q8.cuh"
+#include "matvec_window.cuh"
+
+// The block's shared memory: only the window's keys (no staged activation).
+struct MvwqShared {
+    int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
+    uint64_t firsts;          // pairs that are the first with their key
+};
+
+// The pairs with key `key` (bit p: pair p), from sh.keys by a ballot in each warp (every
+// lane calls it): two loads a lane rather than matvec_window.cuh's loop over every pair in
+// every thread.
+__device__ __forceinline__ uint64_t mvwq_pairs_of_key(const MvwqShared& sh, int key,
+                                                      uint32_t pairs) {
+    const uint32_t lane = threadIdx.x & 31;
+    const unsigned lo = __ballot_sync(FULL_MASK, lane < pairs && sh.keys[lane] == key);
+    const unsigned hi = __ballot_sync(FULL_MASK, lane + 32 < pairs && sh.keys[lane + 32] == key);
+    return (uint64_t)lo | (uint64_t)hi << 32;
+}
+
+// What a unit needs besides its key's pairs, from the kernel's arguments.
+struct MvwqLaunch {
+    const uint8_t* act;  // the quantised rows, mvq_row_stride(k) apart
+    float* y;
+    uint32_t m, k, n_used, x_per_slot;
+};
+
+// `v` to the compiler, unknown: keeps a value computed in a loop from being hoisted out of
+// it (and held in registers across it).
+__device__ __forceinline__ uint64_t mvwq_opaque(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.b64 %0, %0;" : "+l"(v));
+#endif
+    return v;
+}
+
+// One pass: this warp's rows `wr` (both valid addresses: a row past m reads row m - 1 and
+// its result is dropped, so both rows' loads issue without a branch) against the pass's
+// `tn` activation rows, the i-th at byte ((xrows >> 8i) & 255) · mvq_row_stride(k) of the
+// scratch; row rr's sum for the i-th pair of `pass` goes to y[p · m + rows[rr]] when
+// rows[rr] < m. Registers (80 at most, three blocks an SM; no spills): each step decodes
+// a weight row's sub-block once and meets the pass's activation rows one at a time (the
+// second weight row reads them again, from L1: holding both decoded sub-blocks spilled).
+// An activation row's address depends on the previous row's sum (through a zero ptxas
+// cannot see, k >> 31 with k < 2^31), and the packed rows are opaque per step: otherwise
+// ptxas requests all eight rows' activations at once and holds their addresses across
+// the loop, 128 registers or spills.
+template <class F>
+__device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* const* wr,
+                                          const uint32_t* rows, uint64_t pass, uint64_t xrows,
+                                          int tn) {
+    const int lane = threadIdx.x & 31;
+    constexpr int SUBS = F::QK / 32;
+    const uint32_t k = l.k, stride = (uint32_t)mvq_row_stride(k), zero = k >> 31;
+    float acc[MV_ROWS][MVW_TOKENS];
+#pragma unroll
+    for (int r = 0; r < MV_ROWS; r++)
+#pragma unroll
+        for (int i = 0; i < MVW_TOKENS; i++) acc[r][i] = 0.0f;
+#pragma unroll 1
+    for (uint32_t v0 = 0; v0 < k; v0 += MM_STEP) {
+        const uint32_t v = v0 + (uint32_t)lane * 32;
+        if (v >= k) continue;  // this lane's sub-block of a short last step is past the row
+        const uint64_t at = (uint64_t)(v / F::QK) * F::BYTES;
+        const uint64_t xr = mvwq_opaque(xrows);
+#pragma unroll
+        for (int rr = 0; rr < MV_ROWS; rr++) {
+            Sub s;
+            F::decode(wr[rr] + at, lane % SUBS, s);
+            uint32_t after = 0;  // 0, after the previous row's sum
+#pragma unroll
+            for (int i = 0; i < MVW_TOKENS; i++) {
+                if (i >= tn) break;
+                MvqLaneAct a;
+                const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
+                mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
+                acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
+                after = __float_as_uint(acc[rr][i]) & zero;
+            }
+        }
+    }
+    pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
+#pragma unroll
+    for (int i = 0; i < MVW_TOKENS; i++) {
+        if (i >= tn) break;
+        const uint64_t p = (uint64_t)(__ffsll((long long)pass) - 1);
+        pass &= pass - 1;
+#pragma unroll
+        for (int rr = 0; rr < MV_ROWS; rr++) {
+            const float out = warp_sum(acc[rr][i]);
+            if (rows[rr] < l.m && lane == 0) l.y[p * l.m + rows[rr]] = out;
+        }
+    }
+}
+
+// A unit: rows r0 + rr · nwarps + warp of the matrix at `w` for the pairs in `mask` (bit
+// p: pair p, activation row p with x_per_slot, else p / n_used), a pass per MVW_TOKENS of
+// them in pair order. Warps only: no barrier.
+template <class F>
+__device__ void mvwq_unit(const MvwqLaunch& l, const uint8_t* w, uint32_t r0, uint64_t mask) {
+    const int warp = threadIdx.x >> 5;
+    const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
+    if (warp >= nwarps) return;
+    const uint64_t row_bytes = (uint64_t)(l.k / F::QK) * F::BYTES;
+    const uint8_t* wr[MV_ROWS];
+    uint32_t rows[MV_ROWS];
+#pragma unroll
+    for (int rr = 0; rr < MV_ROWS; rr++) {
+        rows[rr] = r0 + (uint32_t)(rr * nwarps + warp);
+        wr[rr] = w + (uint64_t)min(rows[rr], l.m - 1) * row_bytes;
+        // The row into L2 at once (mv_dot's prefetch): the unit's weights are all requested
+        // before the first sub-block is decoded.
+        if (rows[rr] < l.m) prefetch_l2(wr[rr], (uint32_t)row_bytes);
+    }
+    if (rows[0] >= l.m) return;  // rows[1] > rows[0]: neither row is the matrix's
+    while (mask != 0) {
+        // The next pass: the lowest MVW_TOKENS pairs left, their activation rows packed a
+        // byte each (rows < MVW_PAIRS).
+        uint64_t rest = mask, xrows = 0;
+        int n = 0;
+        for (; rest != 0 && n < MVW_TOKENS; n++) {
+            const uint32_t p = (uint32_t)(__ffsll((long long)rest) - 1);
+            rest &= rest - 1;
+            xrows |= (uint64_t)(l.x_per_slot ? p : p / l.n_used) << (8 * n);
+        }
+        mvwq_pass<F>(l, wr, rows, mask & ~rest, xrows, n);
+        mask = rest;
+    }
+}
+
+// One unit with the code for `type` (quantised formats only: the backend never sends
+// float weights here, which have nothing to quantise).
+__device__ __forceinline__ void mvwq_unit_of(uint32_t type, const MvwqLaunch& l,
+                                             const uint8_t* w, uint32_t r0, uint64_t mask) {
+    switch (type) {
+#define MVWQ_CASE(id, F) \
+    case id: mvwq_unit<F>(l, w, r0, mask); break;
+        QUANT_FORMATS(MVWQ_CASE)
+#undef MVWQ_CASE
+        default: break;
+    }
+}
