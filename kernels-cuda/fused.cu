@@ -404,6 +404,89 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     }
 }
 
+// mul_mat_qkv for a verify window of 2..=MVQ_TOKENS tokens over activation rows quantised
+// once (the CUDA backend's variant, variants.rs): quantise_act_q8_qkv runs just before it
+// on the same stream, both with mul_mat_qkv's arguments and `act`, the per-stream scratch,
+// and quantises the n rows once for all three matrices (so Q, K and V must share an
+// activation format). Units are mul_mat_vec_q8_rows' (matvec_q8.cuh mvq_tokens_unit: a
+// weight row a warp, staged once for all the rows), Q's, then K's, then V's, so every
+// output is bit for bit mul_mat_vec_q8_rows' (and mul_mat_vec's) for that matrix alone.
+// Otherwise (n of 0 or over MVQ_TOKENS, formats of different activations, no shared memory
+// for a step) NaN.
+__device__ __forceinline__ bool qkv_q8_ok(uint32_t type_q, uint32_t type_k, uint32_t type_v,
+                                          uint32_t k, uint32_t n) {
+    const int a = mvq_act_type(type_q);
+    return fused_whole_warps() && n >= 1 && n <= MVQ_TOKENS && a >= 0 &&
+           mvq_act_type(type_k) == a && mvq_act_type(type_v) == a && mm_shape_ok(type_q, k) &&
+           mm_shape_ok(type_k, k) && mm_shape_ok(type_v, k);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8_qkv(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
+                        float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
+                        uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
+                        uint32_t n, uint8_t* act) {
+    pdl_begin_release_next();
+    if (qkv_q8_ok(type_q, type_k, type_v, k, n)) mvq_quantise_rows(x, act, type_q, k, n);
+}
+
+// Up to 80 registers, as mul_mat_vec_q8_rows (8 rows' sums).
+extern "C" __global__ void __launch_bounds__(256, 3)
+    mul_mat_qkv_q8_rows(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
+                        float* yq, float* yk, float* yv, uint32_t type_q, uint32_t type_k,
+                        uint32_t type_v, uint32_t m_q, uint32_t m_k, uint32_t m_v, uint32_t k,
+                        uint32_t n, uint8_t* act) {
+    pdl_begin_deferred();  // waits in mvq_tokens_unit, once its weights are requested
+    MMA_SMEM(smem);
+    const uint32_t bytes = mma_smem_size();
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
+    bool waited = false, ok = qkv_q8_ok(type_q, type_k, type_v, k, n);
+    // Every format's depth must be positive (a launch runs all or nothing).
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_DEPTH(id, F) \
+    case id: ok = ok && mvq_depth<F, 1>(bytes, k) > 0; break;
+            QUANT_FORMATS(QKVQ_DEPTH)
+#undef QKVQ_DEPTH
+            default: ok = false; break;
+        }
+    }
+    if (!ok) {
+        pdl_wait();
+        fill_nan(yq, (uint64_t)n * m_q);
+        fill_nan(yk, (uint64_t)n * m_k);
+        return fill_nan(yv, (uint64_t)n * m_v);
+    }
+    (void)x;
+    // Each warp's ring at a fixed place, whatever the unit's format: the warps of a block
+    // run apart, one may be on Q's rows while another is on K's (mvq_depth fits each
+    // format's steps in a warp's share).
+    uint4* ring = (uint4*)smem + (uint64_t)(threadIdx.x >> 5) * (bytes / 16 / nw);
+    const uint32_t uq = (m_q + nw - 1) / nw, uk = (m_k + nw - 1) / nw, uv = (m_v + nw - 1) / nw;
+    for (uint32_t u = blockIdx.x; u < uq + uk + uv; u += gridDim.x) {
+        const int j = u < uq ? 0 : u < uq + uk ? 1 : 2;
+        const uint32_t g = j == 0 ? u : j == 1 ? u - uq : u - uq - uk;
+        const MvqDenseTokens p = {j == 0 ? wq : j == 1 ? wk : wv,
+                                  j == 0 ? yq : j == 1 ? yk : yv,
+                                  act,
+                                  j == 0 ? m_q : j == 1 ? m_k : m_v,
+                                  k,
+                                  nw,
+                                  n};
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_CASE(id, F)                                                         \
+    case id:                                                                     \
+        mvq_tokens_unit<F>(ring, mvq_depth<F, 1>(bytes, k), p, g, waited);         \
+        break;
+            QUANT_FORMATS(QKVQ_CASE)
+#undef QKVQ_CASE
+            default: break;
+        }
+    }
+    if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
+}
+
 // logits = x · wᵀ, then router_topk(logits): the router's product and its top-k in one
 // launch. Every block computes its units of the product (mul_mat_vec's, so the logits are
 // bit for bit mul_mat's); the last block to finish (a ticket from `done`, which is 0

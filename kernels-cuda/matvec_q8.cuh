@@ -298,15 +298,19 @@ struct MvqDenseTokens {
     uint32_t m, k, nw, n;
 };
 
-// mvq_product for n (1..=MVQ_TOKENS) activation rows at once: each warp stages its weight
+// Unit g of mvq_product_tokens (mvq_product for n (1..=MVQ_TOKENS) activation rows at
+// once; also mul_mat_qkv_q8_rows' units, fused.cu): each warp stages its weight
 // row's steps once, decodes each lane's sub-block of a step once, and dots it with every
 // activation row. Row t's sum is formed as mvq_product forms the one row's (the same
 // decode, mvq_dot, steps added in order with __fadd_rn from 0, then warp_sum), so row t
 // of a launch is bit for bit a one-token launch of that row. A row's activation is read
 // as its arithmetic needs it (not a step ahead as in mvq_product: MVQ_TOKENS sums take
-// those registers).
+// those registers). The first call of a thread (`waited` false) waits for the previous
+// kernel once its weights are requested. `ring`: this warp's `depth` staged steps.
 template <class F>
-__device__ void mvq_product_tokens(uint4* smem, uint32_t depth, const MvqDenseTokens& p) {
+__device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth,
+                                                const MvqDenseTokens& p, uint32_t g,
+                                                bool& waited) {
     constexpr int SUBS = F::QK / 32;
     constexpr uint32_t STAGE = mvq_stage_u4<F>();
     constexpr uint32_t STEP_BYTES = MM_STEP / F::QK * F::BYTES;
@@ -316,62 +320,67 @@ __device__ void mvq_product_tokens(uint4* smem, uint32_t depth, const MvqDenseTo
     const uint32_t k = p.k, n = p.n;
     const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
     const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
-    uint4* ring = smem + (uint64_t)warp * depth * STAGE;
+    // Whole warps only (warp_sum below); a warp past the block's 4 stays out of it.
+    const uint32_t row = g * p.nw + (uint32_t)warp;
+    const bool mine = (uint32_t)warp < p.nw && row < p.m;
+    const uint8_t* wr = p.w + (uint64_t)row * row_bytes;
+    float acc[MVQ_TOKENS];
+#pragma unroll
+    for (int t = 0; t < MVQ_TOKENS; t++) acc[t] = 0.0f;
+    for (uint32_t s0 = 0; s0 < steps; s0 += depth) {
+        const uint32_t cnt = min(depth, steps - s0);
+        if (mine) {
+            for (uint32_t i = 0; i < cnt; i++) {
+                const uint32_t v0 = (s0 + i) * MM_STEP;
+                const uint32_t bytes = min((uint32_t)MM_STEP, k - v0) / F::QK * F::BYTES;
+                mvq_issue_step(ring + i * STAGE, wr + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
+                cp_async_commit();
+            }
+        }
+        if (!waited) {
+            pdl_wait();  // the activation is the quantise kernel's
+            waited = true;
+        }
+        if (!mine) continue;
+        for (uint32_t i = 0; i < cnt; i++) {
+            const uint32_t v = (s0 + i) * MM_STEP + (uint32_t)lane * 32;
+            cp_async_wait_pending(cnt - 1 - i);
+            __syncwarp();  // every lane's copies of step i have landed
+            if (v >= k) continue;
+            const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
+            const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
+            Sub s;
+            F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+            const uint8_t* row_act = p.act;  // activation row t's, stepped (registers)
+#pragma unroll
+            for (int t = 0; t < MVQ_TOKENS; t++, row_act += mvq_row_stride(k)) {
+                if ((uint32_t)t >= n) break;
+                MvqLaneAct a;
+                mvq_load_act<F>({row_act, k}, v, a);
+                acc[t] = __fadd_rn(acc[t], mvq_dot<F>(s, a.q, a.d, a.s));
+            }
+        }
+        __syncwarp();  // the ring is refilled by the next chunk
+    }
+    pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
+    if ((uint32_t)warp >= p.nw) return;
+#pragma unroll
+    for (int t = 0; t < MVQ_TOKENS; t++) {
+        if ((uint32_t)t >= n) break;
+        const float out = warp_sum(acc[t]);
+        if (lane == 0 && row < p.m) p.y[(uint64_t)t * p.m + row] = out;
+    }
+}
+
+// mvq_product_tokens' units: unit g (rows g · nw..) of every block's grid-stride.
+template <class F>
+__device__ void mvq_product_tokens(uint4* smem, uint32_t depth, const MvqDenseTokens& p) {
     bool waited = false;
+    uint4* ring = smem + (uint64_t)(threadIdx.x >> 5) * depth * mvq_stage_u4<F>();
     // 32-bit unit arithmetic (registers the loop needs).
     const uint32_t units = (p.m + p.nw - 1) / p.nw;
-    for (uint32_t g = blockIdx.x; g < units; g += gridDim.x) {
-        // Whole warps only (warp_sum below); a warp past the block's 4 stays out of it.
-        const uint32_t row = g * p.nw + (uint32_t)warp;
-        const bool mine = (uint32_t)warp < p.nw && row < p.m;
-        const uint8_t* wr = p.w + (uint64_t)row * row_bytes;
-        float acc[MVQ_TOKENS];
-#pragma unroll
-        for (int t = 0; t < MVQ_TOKENS; t++) acc[t] = 0.0f;
-        for (uint32_t s0 = 0; s0 < steps; s0 += depth) {
-            const uint32_t cnt = min(depth, steps - s0);
-            if (mine) {
-                for (uint32_t i = 0; i < cnt; i++) {
-                    const uint32_t v0 = (s0 + i) * MM_STEP;
-                    const uint32_t bytes = min((uint32_t)MM_STEP, k - v0) / F::QK * F::BYTES;
-                    mvq_issue_step(ring + i * STAGE, wr + (uint64_t)(s0 + i) * STEP_BYTES, bytes);
-                    cp_async_commit();
-                }
-            }
-            if (!waited) {
-                pdl_wait();  // the activation is the quantise kernel's
-                waited = true;
-            }
-            if (!mine) continue;
-            for (uint32_t i = 0; i < cnt; i++) {
-                const uint32_t v = (s0 + i) * MM_STEP + (uint32_t)lane * 32;
-                cp_async_wait_pending(cnt - 1 - i);
-                __syncwarp();  // every lane's copies of step i have landed
-                if (v >= k) continue;
-                const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
-                const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
-                Sub s;
-                F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
-                const uint8_t* row_act = p.act;  // activation row t's, stepped (registers)
-#pragma unroll
-                for (int t = 0; t < MVQ_TOKENS; t++, row_act += mvq_row_stride(k)) {
-                    if ((uint32_t)t >= n) break;
-                    MvqLaneAct a;
-                    mvq_load_act<F>({row_act, k}, v, a);
-                    acc[t] = __fadd_rn(acc[t], mvq_dot<F>(s, a.q, a.d, a.s));
-                }
-            }
-            __syncwarp();  // the ring is refilled by the next chunk
-        }
-        pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
-        if ((uint32_t)warp >= p.nw) continue;
-#pragma unroll
-        for (int t = 0; t < MVQ_TOKENS; t++) {
-            if ((uint32_t)t >= n) break;
-            const float out = warp_sum(acc[t]);
-            if (lane == 0 && row < p.m) p.y[(uint64_t)t * p.m + row] = out;
-        }
-    }
+    for (uint32_t g = blockIdx.x; g < units; g += gridDim.x)
+        mvq_tokens_unit<F>(ring, depth, p, g, waited);
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }
 

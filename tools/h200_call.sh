@@ -15,7 +15,8 @@
 # unpack (the xz-packed binaries of BUNDLE=1), stash / smol / smol-spec (SmolLM2 carried in
 # pieces, tools/h200_smol_parts.sh: its GPU logits test; ci/bench-spec.sh with llama.cpp's
 # n-gram and draft-model modes), ncu / ncu-llama (Nsight Compute on the products), window-norows
-# (window without mul_mat_vec_q8_rows), window-noq8 (window without
+# (window without mul_mat_vec_q8_rows), window-qkv3 / window-qkvbase (window's Q, K, V as
+# three mul_mat / the base mul_mat_qkv instead of mul_mat_qkv_q8_rows), window-noq8 (window without
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
 # smol-diag (SmolLM2's window cost with graphs on/off). LLAMA=0: depth runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
@@ -43,10 +44,11 @@ wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { sta
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
 NOROWS=$DEF,mul_mat_vec_q8_rows
 NOQ8=$DEF,mul_mat_experts_cached_multi_q8
+QKV3=$DEF,mul_mat_qkv QKVBASE=$DEF,mul_mat_qkv_q8_rows
 B="$S bench -m $F --backend cuda --cpu-threads 16 --profile $P --expert-cache 3072"
 for step in "$@"; do
   case $step in
-    tests) for t in cuda_backend model_ops matvec_q8 experts_cached_multi attention_flash model_logits; do
+    tests) for t in cuda_backend model_ops matvec_q8 qkv_q8 experts_cached_multi attention_flash model_logits; do
              [ -x "$C/$t" ] && run "test-$t" 300 "$C/$t" --test-threads=1; done ;;
     synth) [ -f "$F" ] || run synth 120 "$S" synth --arch qwen3moe --layers 48 --hidden 2048 --heads 32 \
              --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 \
@@ -74,6 +76,11 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
               EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     window-norows) # the same without mul_mat_vec_q8_rows (the tiled mul_mat takes the windows)
               run window-norows 120 env STRATA_CUDA_SKIP="$NOROWS" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+                REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-qkv3|window-qkvbase) # a window's Q, K, V as three mul_mat (main's; mul_mat_qkv left out,
+              # decode keeps mul_mat_qkv_rope) / as the base mul_mat_qkv's per-token units
+              [ "$step" = window-qkv3 ] && sk=$QKV3 || sk=$QKVBASE
+              run "$step" 120 env STRATA_CUDA_SKIP="$sk" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     window-noq8) # the same without mul_mat_experts_cached_multi_q8 (cached_multi takes the windows)
               run window-noq8 120 env STRATA_CUDA_SKIP="$NOQ8" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
@@ -116,7 +123,8 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            run smol-win 60 $SB
            run smol-win-kt 60 env STRATA_KERNEL_TIMING=1 "$S" bench -m "$SM" --backend cuda -p 64 -n 128 -r 1 --spec-window-cost 4
            run smol-win-nographs 90 $SB --no-graphs
-           run smol-win-norows 60 env STRATA_CUDA_SKIP="$NOROWS" $SB ;;
+           run smol-win-norows 60 env STRATA_CUDA_SKIP="$NOROWS" $SB
+           run smol-win-qkv3 60 env STRATA_CUDA_SKIP="$QKV3" $SB ;;
     quick) for t in ${QUICK:-attention_flash model_ops model_logits}; do [ -x "$C/$t" ] && run "quick-$t" 200 "$C/$t" --test-threads=1; done ;;
     cb) [ -x "$C/cuda_backend" ] && run test-cuda_backend "${CB_LIMIT:-300}" "$C/cuda_backend" --test-threads=1 ;;
     unpack) # the binaries travel xz-packed (tools/h200_build_carry.sh BUNDLE=1) to leave room in a call

@@ -357,7 +357,9 @@ impl Model {
             )?;
             return self.attend(ops, s, a, kv, il, n, per_row, &s.qn, ffn_norm);
         }
-        if fused && n == 1 && same_k && ops.has_mul_mat_qkv() {
+        // A decode step, or a verify window's rows where one launch reads each weight row
+        // once for all of them.
+        if fused && ops.qkv_in_one_launch((&a.wq, &a.wk, &a.wv), n) {
             ops.mul_mat_qkv((&a.wq, &a.wk, &a.wv), &s.xn, (&s.q, &s.k, &s.v), n)?;
         } else {
             ops.mul_mat(&a.wq, &s.xn, 0, &s.q, n)?;

@@ -5,6 +5,7 @@
 
 use strata_core::{Args, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg, Result};
 use strata_gguf::QuantType;
+use strata_quant::ActFormat;
 
 use crate::hparams::Rope;
 use crate::ops::{Ops, QkvShape, row_block_threads};
@@ -18,6 +19,10 @@ fn norm_product_cfg(m: u32, units_per_row_group: usize, threads: u32) -> LaunchC
     LaunchCfg::linear(blocks * threads as usize, threads)
 }
 
+/// Most rows of a verify window whose Q, K and V take one launch (the CUDA backend's
+/// mul_mat_qkv_q8_rows: kernels-cuda/matvec_q8.cuh MVQ_TOKENS).
+pub const QKV_WINDOW_MAX_TOKENS: u32 = 8;
+
 /// Weight rows of one matvec unit in a 128-thread block (kernels-cuda/matvec.cuh: 4 warps
 /// of MV_ROWS = 2 rows).
 const MV_UNIT_ROWS: usize = 8;
@@ -26,6 +31,26 @@ impl Ops<'_> {
     /// Whether the device computes Q, K and V of one activation in one launch.
     pub fn has_mul_mat_qkv(&self) -> bool {
         self.dev.supports(KernelId::MulMatQkv)
+    }
+
+    /// Whether Q, K and V of `n` rows take one [`Ops::mul_mat_qkv`] launch: a decode step
+    /// where the device has it, or a verify window of up to [`QKV_WINDOW_MAX_TOKENS`] rows
+    /// whose three formats quantise the activation alike (the CUDA backend's window form
+    /// quantises the rows once for all three and reads each weight row once for all of
+    /// them; other formats would run the kernel's per-token units). Every row is bit for
+    /// bit what three [`Ops::mul_mat`] give.
+    pub fn qkv_in_one_launch(&self, w: (&Matrix, &Matrix, &Matrix), n: u32) -> bool {
+        let (wq, wk, wv) = w;
+        let same_k = wq.k == wk.k && wq.k == wv.k;
+        let act = |ty: QuantType| strata_quant::kernels(ty).map(|k| k.act);
+        let window = (2..=QKV_WINDOW_MAX_TOKENS).contains(&n)
+            && matches!(
+                act(wq.ty),
+                Some(ActFormat::Q8_0 | ActFormat::Q8_1 | ActFormat::Q8_K)
+            )
+            && act(wk.ty) == act(wq.ty)
+            && act(wv.ty) == act(wq.ty);
+        same_k && (n == 1 || window) && self.has_mul_mat_qkv()
     }
 
     /// Whether the device computes Q, K and V and then their per-head norms, rope and K/V

@@ -506,3 +506,61 @@ fn mmq_variants_take_launches_of_more_than_64_tokens() {
     assert!(find("mul_mat_mmq") < find("mul_mat_mma"));
     assert!(find("mul_mat_experts_mmq") < find("mul_mat_experts_mma"));
 }
+
+#[test]
+fn mul_mat_qkv_q8_rows_takes_windows_whose_formats_share_an_activation() {
+    // mul_mat_qkv(wq, wk, wv, x, q, k, v | type_q, type_k, type_v, m_q, m_k, m_v, k, n)
+    let qkv = |t: [u32; 3], m: [u32; 3], k, n| {
+        let u = KernelArg::U32;
+        let mut a = vec![KernelArg::U64(0x1000); 7];
+        a.extend(t.map(u));
+        a.extend(m.map(u));
+        a.extend([u(k), u(n)]);
+        a
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[find("mul_mat_qkv_q8_rows")];
+    let rows = &VARIANTS[find("mul_mat_vec_q8_rows")];
+    assert_eq!(v.of, KernelId::MulMatQkv);
+    let (q4k, q6k, q8_0, q4_0, q4_1, q5_1) = (12, 14, 8, 2, 3, 7);
+    let m = [4096, 512, 512];
+    let applies = |t, k, n| (v.applies)(&qkv(t, m, k, n), 0);
+    let rows_smem = |ty, k, n| {
+        (rows.applies)(
+            &[KernelArg::U64(0); 3]
+                .into_iter()
+                .chain([ty, 64, k, n].map(KernelArg::U32))
+                .collect::<Vec<_>>(),
+            0,
+        )
+    };
+    for n in 2..=8 {
+        // The largest of the three matrices' mul_mat_vec_q8_rows shared memory.
+        assert_eq!(applies([q4k, q4k, q4k], 2048, n), rows_smem(q4k, 2048, n));
+        assert_eq!(applies([q4k, q4k, q6k], 2048, n), rows_smem(q6k, 2048, n));
+        assert_eq!(applies([q6k, q4k, q4k], 2048, n), rows_smem(q6k, 2048, n));
+        assert!(applies([q8_0, q8_0, q4_0], 576, n).is_some());
+        assert!(applies([q4_1, q4_1, q5_1], 576, n).is_some());
+    }
+    // Not: one token (the kernel's), 9, activation formats that differ (Q8_K, Q8_0,
+    // Q8_1), a K-quant at SmolLM2's 576 (not whole blocks), float weights.
+    for n in [0, 1, 9] {
+        assert!(applies([q4k, q4k, q4k], 2048, n).is_none(), "{n}");
+    }
+    assert!(applies([q4k, q4k, q8_0], 2048, 4).is_none());
+    assert!(applies([q8_0, q4_1, q8_0], 2048, 4).is_none());
+    assert!(applies([q4k, q4k, q4k], 576, 4).is_none());
+    assert!(applies([q8_0, q8_0, q4k], 576, 4).is_none());
+    assert!(applies([0, 0, 0], 2048, 4).is_none());
+    // A unit of 4 rows (a row a warp) of Q, then K, then V; the rows quantised once.
+    let grid = v.grid.unwrap();
+    assert_eq!(
+        grid(&qkv([q4k; 3], [4096, 514, 512], 2048, 5), 128),
+        Some(1024 + 129 + 128)
+    );
+    assert!(v.grid_exact && !v.large_smem && !v.scratch);
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!(pre.func, "quantise_act_q8_qkv");
+    assert_eq!((pre.grid)(&qkv([q4k; 3], m, 2048, 5)), Some(5 * 8));
+    assert_eq!((pre.grid)(&qkv([q8_0; 3], m, 576, 3)), Some(3 * 3));
+}
