@@ -18,7 +18,8 @@
 # (window without mul_mat_vec_q8_rows), window-qkv3 / window-qkvbase (window's Q, K, V as
 # three mul_mat / the base mul_mat_qkv instead of mul_mat_qkv_q8_rows), window-noq8 (window without
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
-# smol-diag (SmolLM2's window cost with graphs on/off). LLAMA=0: depth runs strata alone.
+# smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K). LLAMA=0: depth
+# runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
 C=$PWD/.carry/h200
@@ -38,7 +39,7 @@ run() {
   [ "$to" -gt "$(left)" ] && to=$(left)
   timeout "$to" "$@" > "$L/$name.txt" 2>&1
   stamp "$name rc=$?"
-  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|panicked|error" "$L/$name.txt" | head -12
+  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|^\| Q4_K|panicked|error" "$L/$name.txt" | head -12
 }
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
@@ -62,6 +63,9 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
                --cpu-threads 16 -o "$P" ;;
     llama) [ -x "$LB/llama-bench" ] || { (nice -n 19 bash "$C/llama-cpp.sh" build-cuda "$C/llama.tgz" /tmp/lc \
              > "$L/llama-build.txt" 2>&1) & LP=$!; } ;;
+    gpu) # ci/bench-gpu.sh (issue 6: everything resident, pp512 / pp4096 / tg128, both engines)
+         wait_llama && run gpu 300 env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D/gpu" REPS="${GPU_REPS:-1}" \
+           bash ci/bench-gpu.sh Q4_K ;;
     offload) wait_llama && run offload 420 env STRATA="$S" LLAMA_BIN="$LB" MODEL_DIR="$D" OUT="$L/off" REPS=1 \
                THREADS=16 STRATA_ARGS="${STRATA_ARGS:---stream-experts auto}" bash "$C/bench-offload.sh" ;;
     depth) # DEPTH_RUNS ("int8:32768 f16:131072"; default every KVS x DEPTHS): a bench-kv-depth run each
