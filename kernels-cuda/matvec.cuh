@@ -23,12 +23,14 @@
 #define MV_ACT_VALUES 8192 // quantised activation values staged per block (longer rows in chunks)
 #define MV_ROWS 2          // weight rows per warp per unit (4 measured slower: fewer blocks, spills)
 // Blocks of 256 threads an SM must fit for the one-token kernels built on mv_dot (and
-// experts_gate_up_q8), their __launch_bounds__: 4 caps them at 64 registers, where ptxas
-// spills 60-84 bytes each (NVRTC sm_90); mul_mat_experts_cached takes 80 at 3 (8 bytes of
-// spill) and 122 at 2 (none). A define so each can be measured (kernel-cache variants,
-// STRATA_NVRTC_DEFINES).
+// experts_gate_up_q8), their __launch_bounds__. 3: up to 80 registers. 4 (before session
+// 13) capped them at 64, where ptxas spilled 60-84 bytes each (NVRTC sm_90); at 3
+// mul_mat_experts_cached and experts_gate_up spill 8 bytes, the fused qkv / norm kernels
+// still 24-52. H200, tg64 every expert resident, two interleaved rounds: 4 162.1 / 163.6,
+// 3 165.8 / 171.5, 2 (122 registers, no spills) 158.1 / 159.0 tokens/s. A define, so that
+// others can be measured (kernel-cache variants, STRATA_NVRTC_DEFINES).
 #ifndef MV_MIN_BLOCKS
-#define MV_MIN_BLOCKS 4
+#define MV_MIN_BLOCKS 3
 #endif
 
 // Rows of weights one unit covers for this block shape.
