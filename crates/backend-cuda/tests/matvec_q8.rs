@@ -18,7 +18,8 @@ mod variants;
 use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Stream};
 use strata_quant::QuantType;
 use variants::{
-    FORMATS, GPU, Rng, compare, download, expert_weights, gpu, random_weights, same_bits,
+    FORMATS, GPU, Rng, compare, download, expert_weights, gpu, mul_mat_rows, random_weights,
+    same_bits,
 };
 
 /// One product's inputs on a device.
@@ -113,30 +114,6 @@ fn mul_mat_vec_q8_is_bit_for_bit_mul_mat_vec() {
         }
     }
     assert!(failures.is_empty(), "differ: {failures:?}");
-}
-
-/// y = x · wᵀ for the `n` rows of `x` in one launch, shaped as ops.rs launches a window
-/// (one tile of 8 tokens: 128-thread blocks of 8 rows).
-fn mul_mat_rows(
-    dev: &Device,
-    ty: QuantType,
-    (m, k, n): (usize, usize, usize),
-    w: &DeviceBuffer<u8>,
-    x: &DeviceBuffer<f32>,
-) -> Vec<f32> {
-    let s = dev.main_stream();
-    let y = dev.alloc::<f32>(n * m).unwrap();
-    let args = Args::new()
-        .read(w)
-        .read(x)
-        .write(&y)
-        .u32(ty.id())
-        .u32(m as u32)
-        .u32(k as u32)
-        .u32(n as u32);
-    let cfg = LaunchCfg::linear(m.div_ceil(8) * 128, 128);
-    dev.launch(KernelId::MulMat, &cfg, &args, s).unwrap();
-    download(dev, &y, s)
 }
 
 #[test]

@@ -12,7 +12,7 @@ mod variants;
 
 use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg};
 use strata_quant::QuantType;
-use variants::{GPU, Rng, download, gpu, random_weights, same_bits};
+use variants::{GPU, Rng, download, gpu, mul_mat_rows, random_weights, same_bits};
 
 /// Q, K and V of `n` rows of `x` in one mul_mat_qkv launch, shaped as ops_decode.rs's.
 fn qkv(
@@ -43,29 +43,6 @@ fn qkv(
     let cfg = LaunchCfg::linear(units * n * 128, 128);
     dev.launch(KernelId::MulMatQkv, &cfg, &args, s).unwrap();
     y.map(|b| download(dev, &b, s))
-}
-
-/// y = x · wᵀ for `n` rows in one mul_mat launch, as ops.rs launches a window.
-fn mul_mat(
-    dev: &Device,
-    (w, ty, m): (&DeviceBuffer<u8>, QuantType, usize),
-    x: &DeviceBuffer<f32>,
-    k: usize,
-    n: usize,
-) -> Vec<f32> {
-    let s = dev.main_stream();
-    let y = dev.alloc::<f32>(n * m).unwrap();
-    let args = Args::new()
-        .read(w)
-        .read(x)
-        .write(&y)
-        .u32(ty.id())
-        .u32(m as u32)
-        .u32(k as u32)
-        .u32(n as u32);
-    let cfg = LaunchCfg::linear(m.div_ceil(8) * 128, 128);
-    dev.launch(KernelId::MulMat, &cfg, &args, s).unwrap();
-    download(dev, &y, s)
 }
 
 #[test]
@@ -107,7 +84,7 @@ fn mul_mat_qkv_q8_rows_is_bit_for_bit_each_matrix_alone() {
         for n in 2..=8 {
             let fused = qkv(&with, mw, &bx, k, n);
             let base = qkv(&without, mt, &tx, k, n);
-            let alone = mw.map(|m| mul_mat(&with, m, &bx, k, n));
+            let alone = mw.map(|(w, ty, m)| mul_mat_rows(&with, ty, (m, k, n), w, &bx));
             let ok = (0..3).all(|j| {
                 same_bits(&fused[j], &alone[j])
                     && same_bits(&fused[j], &base[j])

@@ -8,7 +8,7 @@
 use std::sync::Mutex;
 
 use strata_backend_cuda::{CudaOptions, LaunchOptions};
-use strata_core::{Device, DeviceBuffer, Error, Stream};
+use strata_core::{Args, Device, DeviceBuffer, Error, KernelId, LaunchCfg, Stream};
 use strata_quant::QuantType;
 
 /// GPU tests in a file run one at a time even without `--test-threads=1`.
@@ -124,4 +124,28 @@ pub fn download(dev: &Device, y: &DeviceBuffer<f32>, s: Stream) -> Vec<f32> {
 
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// y = x · wᵀ for the `n` rows of `x` in one launch, shaped as ops.rs launches a window
+/// (one tile of 8 tokens: 128-thread blocks of 8 rows).
+pub fn mul_mat_rows(
+    dev: &Device,
+    ty: QuantType,
+    (m, k, n): (usize, usize, usize),
+    w: &DeviceBuffer<u8>,
+    x: &DeviceBuffer<f32>,
+) -> Vec<f32> {
+    let s = dev.main_stream();
+    let y = dev.alloc::<f32>(n * m).unwrap();
+    let args = Args::new()
+        .read(w)
+        .read(x)
+        .write(&y)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n as u32);
+    let cfg = LaunchCfg::linear(m.div_ceil(8) * 128, 128);
+    dev.launch(KernelId::MulMat, &cfg, &args, s).unwrap();
+    download(dev, &y, s)
 }
