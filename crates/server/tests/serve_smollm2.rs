@@ -92,14 +92,9 @@ fn get(addr: SocketAddr, path: &str) -> Reply {
     send(addr, "GET", path, &[(k, &v)], b"")
 }
 
+/// [`http_client::metric`] with this server's API key.
 fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let text = get(addr, "/metrics").text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    http_client::metric_value(&get(addr, "/metrics").text(), name)
 }
 
 fn chat_body(messages: &[(&str, &str)], stream: bool) -> Value {

@@ -128,7 +128,14 @@ pub fn metric<T: std::str::FromStr>(addr: SocketAddr, name: &str) -> T
 where
     T::Err: std::fmt::Debug,
 {
-    let text = send(addr, "GET", "/metrics", &[], b"").text();
+    metric_value(&send(addr, "GET", "/metrics", &[], b"").text(), name)
+}
+
+/// The value of one unlabelled series in a /metrics body.
+pub fn metric_value<T: std::str::FromStr>(text: &str, name: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("no {name} in {text}"))
