@@ -53,9 +53,15 @@ extern "C" __global__ void add_rms_norm(const float* a, const float* b, float* s
     }
 }
 
+// Slots whose loads combine_add_rms_norm_row issues together (for all of a thread's values).
+#define COMBINE_SLOTS 4
+
 // One token's row of combine_add_rms_norm (below): sum = res + Σ_j weights[j] · ys[j];
 // y = rms_norm(sum) · w. `ys` is read through load(p) (a plain load, or one past L1 for
-// rows other blocks of the same launch wrote).
+// rows other blocks of the same launch wrote). A thread's first ROW_VALS values are summed
+// COMBINE_SLOTS slots at a time, every load of those slots issued before the first is used
+// (value by value, each value's slot loop waited on a memory round trip: 8 in a row for a
+// 2,048-wide row in 256 threads); each value still adds its slots in slot order.
 template <class Load>
 __device__ __forceinline__ void combine_add_rms_norm_row(Load load, const float* yt,
                                                          const float* wt, const float* res,
@@ -71,8 +77,40 @@ __device__ __forceinline__ void combine_add_rms_norm_row(Load load, const float*
         }
         return __fadd_rn(res[i], c);
     };
+    const uint32_t bd = blockDim.x;
+    float c[ROW_VALS];
+#pragma unroll
+    for (int k = 0; k < ROW_VALS; k++) c[k] = 0.0f;
+    for (uint32_t j0 = 0; j0 < n_used; j0 += COMBINE_SLOTS) {
+        float ys[COMBINE_SLOTS][ROW_VALS], ws[COMBINE_SLOTS];
+#pragma unroll
+        for (int jj = 0; jj < COMBINE_SLOTS; jj++) {
+            const uint32_t j = j0 + jj;
+            ws[jj] = j < n_used ? wt[j] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < ROW_VALS; k++) {
+                const uint32_t i = threadIdx.x + k * bd;
+                ys[jj][k] = j < n_used && i < dim ? load(yt + (uint64_t)j * dim + i) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int jj = 0; jj < COMBINE_SLOTS; jj++) {
+            const uint32_t j = j0 + jj;
+            if (j >= n_used) break;
+#pragma unroll
+            for (int k = 0; k < ROW_VALS; k++) {
+                const float p = __fmul_rn(ws[jj], ys[jj][k]);
+                c[k] = j == 0 ? p : __fadd_rn(c[k], p);
+            }
+        }
+    }
     float v[ROW_VALS];
-    const float scale = row_rms_scale(value, v, dim, eps, partial, row_scale);
+#pragma unroll
+    for (int k = 0; k < ROW_VALS; k++) {
+        const uint32_t i = threadIdx.x + k * bd;
+        v[k] = i < dim ? __fadd_rn(res[i], c[k]) : 0.0f;
+    }
+    const float scale = row_rms_scale_filled(value, v, dim, eps, partial, row_scale);
     row_rms_apply(value, [&](uint32_t i, float x) { sum[i] = x; }, v, dim, scale, w, y);
 }
 

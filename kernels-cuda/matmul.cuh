@@ -339,12 +339,41 @@ __device__ __forceinline__ float float_act(float x) {
     return x;
 }
 
+// Weights e0..e0 + 8 of a float row of k (0 past it): one 16-byte (F16/BF16) or two (F32)
+// loads when the row is 16-byte aligned (`vec`) and they fit, else one by one.
+template <int T>
+__device__ __forceinline__ void float_weights8(const uint8_t* wrow, uint32_t e0, uint32_t k,
+                                               bool vec, float (&wv)[8]) {
+    constexpr int ES = T == T_F32 ? 4 : 2;  // bytes per weight
+    if (vec && e0 + 8 <= k) {
+        const uint4* p = (const uint4*)(wrow + (uint64_t)e0 * ES);
+        if (T == T_F32) {
+            const uint4 a = __ldg(p), b = __ldg(p + 1);
+            wv[0] = __uint_as_float(a.x); wv[1] = __uint_as_float(a.y);
+            wv[2] = __uint_as_float(a.z); wv[3] = __uint_as_float(a.w);
+            wv[4] = __uint_as_float(b.x); wv[5] = __uint_as_float(b.y);
+            wv[6] = __uint_as_float(b.z); wv[7] = __uint_as_float(b.w);
+        } else {
+            const uint4 a = __ldg(p);
+            const uint32_t h[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint16_t lo = (uint16_t)(h[j] & 0xffffu), hi = (uint16_t)(h[j] >> 16);
+                wv[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                wv[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) wv[j] = e0 + j < k ? float_weight<T>(wrow, e0 + j) : 0.0f;
+    }
+}
+
 template <int T>
 __device__ void mm_float_unit(const MmUnit& u) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
     if (warp >= nwarps) return;
-    constexpr int ES = T == T_F32 ? 4 : 2;  // bytes per weight
     for (int rr = 0; rr < MM_ROWS; rr++) {
         const uint32_t row = u.r0 + (uint32_t)(rr * nwarps + warp);
         if (row >= u.m) break;
@@ -352,34 +381,11 @@ __device__ void mm_float_unit(const MmUnit& u) {
         float acc[MM_TOKENS];
 #pragma unroll
         for (int i = 0; i < MM_TOKENS; i++) acc[i] = 0.0f;
-        // 8 weights per lane and step, with one 16-byte (F16/BF16) or two (F32) loads
-        // when the row is aligned for them.
+        // 8 weights per lane and 256-value step, the steps in order.
         const bool vec = ((uint64_t)wrow & 15) == 0;
         for (uint32_t e0 = lane * 8; e0 < u.k; e0 += 256) {
             float wv[8];
-            if (vec && e0 + 8 <= u.k) {
-                const uint4* p = (const uint4*)(wrow + (uint64_t)e0 * ES);
-                if (T == T_F32) {
-                    const uint4 a = __ldg(p), b = __ldg(p + 1);
-                    wv[0] = __uint_as_float(a.x); wv[1] = __uint_as_float(a.y);
-                    wv[2] = __uint_as_float(a.z); wv[3] = __uint_as_float(a.w);
-                    wv[4] = __uint_as_float(b.x); wv[5] = __uint_as_float(b.y);
-                    wv[6] = __uint_as_float(b.z); wv[7] = __uint_as_float(b.w);
-                } else {
-                    const uint4 a = __ldg(p);
-                    const uint32_t h[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const uint16_t lo = (uint16_t)(h[j] & 0xffffu), hi = (uint16_t)(h[j] >> 16);
-                        wv[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
-                        wv[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    wv[j] = e0 + j < u.k ? float_weight<T>(wrow, e0 + j) : 0.0f;
-            }
+            float_weights8<T>(wrow, e0, u.k, vec, wv);
 #pragma unroll
             for (int i = 0; i < MM_TOKENS; i++) {
                 if (i >= u.tn) break;

@@ -183,15 +183,67 @@ __device__ void mv_quant_unit(MvShared& sh, const MmUnit& u, uint64_t& staged_ke
         if (wrows[rr] && lane == 0) u.y[u.r0 + (uint32_t)(rr * nwarps + warp)] = out[rr];
 }
 
-// Float weights: matmul.cuh's mm_float_unit over the unit's MV_ROWS rows a warp (it takes
-// MM_ROWS a warp), so each row is computed as the tiled kernel computes it.
+// Float weights: what matmul.cuh's mm_float_unit computes for the unit's MV_ROWS rows a
+// warp (rows r0 + q · nwarps + warp) and one token, bit for bit: lane L's weights
+// L·8.. of every 256-value step fused into the row's sum in order, then warp_sum. Only the
+// loads differ: MV_FLOAT_STEPS steps of every row of the warp are requested before the
+// first is used, so a row of 2,048 values waits on two memory round trips, not eight a
+// row in turn (the router's 128 x 2,048 F32 product took 12 us in a decode step).
+#ifndef MV_FLOAT_STEPS
+#define MV_FLOAT_STEPS 2
+#endif
+#ifdef MV_FLOAT_NOINLINE
+#define MV_FLOAT_ATTR __noinline__
+#else
+#define MV_FLOAT_ATTR
+#endif
 template <int T>
-__device__ void mv_float_unit(const MmUnit& u) {
-    const uint32_t nwarps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
-    MmUnit part = u;
-    for (int h = 0; h < MV_ROWS / MM_ROWS; h++) {
-        part.r0 = u.r0 + (uint32_t)h * MM_ROWS * nwarps;
-        mm_float_unit<T>(part);
+MV_FLOAT_ATTR __device__ void mv_float_unit(const MmUnit& u) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
+    if (warp >= nwarps) return;
+    const uint8_t* wrow[MV_ROWS];
+    bool vec[MV_ROWS];
+    float acc[MV_ROWS];
+#pragma unroll
+    for (int q = 0; q < MV_ROWS; q++) {
+        const uint32_t row = u.r0 + (uint32_t)(q * nwarps + warp);
+        wrow[q] = row < u.m ? u.w + row * u.row_bytes : nullptr;
+        vec[q] = ((uint64_t)wrow[q] & 15) == 0;
+        acc[q] = 0.0f;
+    }
+    const float* xr = u.x + mm_row(u.x_rows, 0) * u.x_stride;
+    for (uint32_t s0 = (uint32_t)lane * 8; s0 < u.k; s0 += 256 * MV_FLOAT_STEPS) {
+        float wv[MV_ROWS][MV_FLOAT_STEPS][8], xv[MV_FLOAT_STEPS][8];
+#pragma unroll
+        for (int b = 0; b < MV_FLOAT_STEPS; b++) {
+            const uint32_t e0 = s0 + 256u * b;
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[b][j] = e0 + j < u.k ? float_act<T>(xr[e0 + j]) : 0.0f;
+#pragma unroll
+            for (int q = 0; q < MV_ROWS; q++) {
+                if (wrow[q] && e0 < u.k) {
+                    float_weights8<T>(wrow[q], e0, u.k, vec[q], wv[q][b]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) wv[q][b][j] = 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < MV_FLOAT_STEPS; b++) {
+            const uint32_t e0 = s0 + 256u * b;
+#pragma unroll
+            for (int q = 0; q < MV_ROWS; q++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (e0 + j < u.k) acc[q] = fmaf(wv[q][b][j], xv[b][j], acc[q]);
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < MV_ROWS; q++) {
+        const float v = warp_sum(acc[q]);
+        if (wrow[q] && lane == 0) u.y[u.r0 + (uint32_t)(q * nwarps + warp)] = v;
     }
 }
 

@@ -50,6 +50,57 @@ __device__ double softmax_sum_cached(const float (&x)[ROUTER_CACHED], uint32_t n
     return warp_sum_f64(total);
 }
 
+// router_topk_row's picks from probabilities held in registers (as it caches them), for
+// k <= 32 and no NaN or negative p: the same picks, weights and order, with fewer
+// dependent steps. Each pick (the largest p ordered strictly after the previous one, ties
+// to the lower index) takes two warp reductions (redux.sync) instead of five rounds of
+// shuffles: the largest key = p's bits + 1 (p >= +0, so its bits order as p does; 0: no
+// candidate), then the lowest index holding it. Pick j stays in lane j, so the
+// normalisation's sum (f64, in pick order) and the k divisions run across the lanes, not
+// in lane 0 from a local array. Called by a whole warp.
+__device__ __forceinline__ void router_pick_fast(const float (&cached)[ROUTER_CACHED],
+                                                 int32_t* ids, float* weights,
+                                                 uint32_t n_expert, uint32_t k, uint32_t norm) {
+    const int lane = threadIdx.x & 31;
+    uint32_t prev_key = 0xffffffffu;  // above every key: the first pick has no predecessor
+    int prev_i = -1;
+    float my_p = -F32_INF;
+    int my_i = 0x7fffffff;
+    for (uint32_t j = 0; j < k; j++) {
+        uint32_t best_key = 0;
+        int best_i = 0x7fffffff;
+#pragma unroll
+        for (int c = 0; c < ROUTER_CACHED; c++) {
+            const int e = lane + 32 * c;
+            const uint32_t key = __float_as_uint(cached[c]) + 1u;
+            const bool after = key < prev_key || (key == prev_key && e > prev_i);
+            if ((uint32_t)e < n_expert && after && (key > best_key || (key == best_key && e < best_i))) {
+                best_key = key;
+                best_i = e;
+            }
+        }
+        const uint32_t top = __reduce_max_sync(FULL_MASK, best_key);
+        const int at = (int)__reduce_min_sync(FULL_MASK, best_key == top ? (uint32_t)best_i : 0xffffffffu);
+        const int pick = top == 0 ? 0x7fffffff : at;
+        if (lane == (int)j) {
+            my_p = top == 0 ? -F32_INF : __uint_as_float(top - 1u);
+            my_i = pick;
+        }
+        prev_key = top;
+        prev_i = pick;
+    }
+    float w = my_p;
+    if (norm != 0 && k > 0) {
+        double s = 0.0;
+        for (uint32_t j = 0; j < k; j++) s += (double)__shfl_sync(FULL_MASK, my_p, (int)j);
+        w = __fdiv_rn(my_p, fmaxf((float)s, 6.103515625e-05f));
+    }
+    if ((uint32_t)lane < k) {
+        ids[lane] = my_i;
+        weights[lane] = w;
+    }
+}
+
 // p = softmax(logits[t]) (ggml's exponentials and sum); ids[t] = the k
 // largest p, descending, ties to the lower index; weights = those p, divided by their sum
 // (at least the smallest normal f16, as llama.cpp clamps it) when norm != 0.
@@ -57,10 +108,10 @@ __device__ double softmax_sum_cached(const float (&x)[ROUTER_CACHED], uint32_t n
 // p = softmax(logits) of one token's row of n_expert (read through row(e)); ids[j] = the k
 // largest p, descending, ties to the lower index; weights = those p, divided by their sum
 // (at least the smallest normal f16, as llama.cpp clamps it) when norm != 0. Called by a
-// whole warp.
+// whole warp. `fast`: router_pick_fast where it applies (false: the emulator's reference).
 template <class Row>
 __device__ void router_topk_row(Row row, int32_t* ids, float* weights, uint32_t n_expert,
-                                uint32_t k, uint32_t norm) {
+                                uint32_t k, uint32_t norm, bool fast = true) {
     const int lane = threadIdx.x & 31;
     // A row that fits (n_expert <= 32 · ROUTER_CACHED) is loaded once, every load in
     // flight together, and its probabilities kept in registers; the k picks then only
@@ -93,6 +144,13 @@ __device__ void router_topk_row(Row row, int32_t* ids, float* weights, uint32_t 
                             ? __fmul_rn(ggml_softmax_exp(__fsub_rn(cached[c], mx), e, n_expert), inv)
                             : -F32_INF;
         }
+    }
+    if (fast && fits && k <= 32) {
+        bool odd = false;  // NaN or a sign bit: router_pick_fast's keys would misorder them
+#pragma unroll
+        for (int c = 0; c < ROUTER_CACHED; c++)
+            odd |= lane + 32u * c < n_expert && (__float_as_uint(cached[c]) >> 31 != 0 || cached[c] != cached[c]);
+        if (__ballot_sync(FULL_MASK, odd) == 0) return router_pick_fast(cached, ids, weights, n_expert, k, norm);
     }
     // The picks' probabilities (every lane has each after the reduction), for the
     // normalisation without reading the outputs back.

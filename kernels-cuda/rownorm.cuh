@@ -12,18 +12,14 @@
 
 #define ROW_VALS 16
 
-// Fills v[k] = value(tid + k·blockDim) (0 past the row) and returns the row's scale
-// 1 / sqrt(mean(x²) + eps). Called by every thread of the block.
+// row_rms_scale with v already filled by the caller (v[k] = value(tid + k·blockDim), 0 past
+// the row): for values whose loads the caller batches itself.
 template <class Value>
-__device__ __forceinline__ float row_rms_scale(Value value, float (&v)[ROW_VALS], uint32_t dim,
-                                               float eps, double* partial, float* row_scale) {
+__device__ __forceinline__ float row_rms_scale_filled(Value value, const float (&v)[ROW_VALS],
+                                                      uint32_t dim, float eps, double* partial,
+                                                      float* row_scale) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const uint32_t bd = blockDim.x;
-#pragma unroll
-    for (int k = 0; k < ROW_VALS; k++) {
-        const uint32_t i = threadIdx.x + k * bd;
-        v[k] = i < dim ? value(i) : 0.0f;
-    }
     double sum = 0.0;
 #pragma unroll
     for (int k = 0; k < ROW_VALS; k++)
@@ -45,6 +41,21 @@ __device__ __forceinline__ float row_rms_scale(Value value, float (&v)[ROW_VALS]
     const float scale = *row_scale;
     __syncthreads();  // row_scale and partial are rewritten for the next row
     return scale;
+}
+
+
+// Fills v[k] = value(tid + k·blockDim) (0 past the row) and returns the row's scale
+// 1 / sqrt(mean(x²) + eps). Called by every thread of the block.
+template <class Value>
+__device__ __forceinline__ float row_rms_scale(Value value, float (&v)[ROW_VALS], uint32_t dim,
+                                               float eps, double* partial, float* row_scale) {
+    const uint32_t bd = blockDim.x;
+#pragma unroll
+    for (int k = 0; k < ROW_VALS; k++) {
+        const uint32_t i = threadIdx.x + k * bd;
+        v[k] = i < dim ? value(i) : 0.0f;
+    }
+    return row_rms_scale_filled(value, v, dim, eps, partial, row_scale);
 }
 
 // y[i] = (x_i · scale) · w[i] for the row's values (v from row_rms_scale, value(i) past it),

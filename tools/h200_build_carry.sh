@@ -21,7 +21,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         shutil.copy(m["executable"], ".carry/h200/" + m["target"]["name"])
 '
-rm -f "$C/table_race" "$C/model_tables" "$C/conformance"  # no GPU needed / run when core changes
+rm -f "$C/table_race" "$C/model_tables"  # no GPU needed
 cp "$CARGO_TARGET_DIR/release/strata" "$CARGO_TARGET_DIR/release/examples/pool_timing" "$C/"
 strip "$C"/*
 cp ci/bench-offload.sh ci/bench-kv-depth.sh ci/bench-spec-window.sh ci/bench-spec.sh "$C/"

@@ -158,6 +158,15 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
          run ncu-window 120 env STRATA_CUDA_SKIP="$DEF" ncu --kernel-name "regex:mul_mat_experts_cached_multi|mul_mat_vec_q8_rows" \
            --launch-skip 200 --launch-count 6 $sec $B -p 64 -n 24 -r 1 --spec-window-cost 4
          ;;
+    ncu-layer) # every kernel of decode steps at depth ~NCU_DEPTH (every expert resident): each
+         # launch's duration and DRAM throughput, serialised (no PDL overlap), to compare with
+         # the replayed graph's per-kernel events; NCU_ARGS replaces the sections and settings
+         d=${NCU_DEPTH:-256}
+         # shellcheck disable=SC2086
+         run ncu-layer 200 ncu --launch-skip "${NCU_SKIP:-3000}" --launch-count "${NCU_COUNT:-60}" \
+           ${NCU_ARGS:---section SpeedOfLight} "$S" bench -m "$F" --backend cuda --cpu-threads 16 -p "$d" -n 8 -r 1
+         python3 tools/ncu_layer_summary.py "$L/ncu-layer.txt" > "$L/ncu-layer-short.txt"
+         head -80 "$L/ncu-layer-short.txt" ;;
     ncu-llama) # shellcheck disable=SC2086
          sec="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
          wait_llama && run ncu-llama 120 ncu --kernel-name "regex:mul_mat_vec_q" --launch-skip 300 --launch-count 8 $sec \

@@ -89,6 +89,22 @@ static inline unsigned __ballot_sync(unsigned, bool p) {
     warp_bar[w].wait("ballot2");
     return r;
 }
+// redux.sync (sm_80+): every lane of the warp gets the max / min of the lanes' values.
+static inline unsigned emu_reduce_u32(unsigned v, bool want_max) {
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    warp_slot[w][l] = v;
+    warp_bar[w].wait("redux");
+    unsigned r = want_max ? 0u : ~0u;
+    for (int i = 0; i < 32; i++)
+        if (32 * w + i < (int)blockDim.x) {
+            const unsigned x = (unsigned)warp_slot[w][i];
+            r = want_max ? (x > r ? x : r) : (x < r ? x : r);
+        }
+    warp_bar[w].wait("redux2");
+    return r;
+}
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) { return emu_reduce_u32(v, true); }
+static inline unsigned __reduce_min_sync(unsigned, unsigned v) { return emu_reduce_u32(v, false); }
 static std::atomic<int> block_or_acc{0};
 static inline int __syncthreads_or(int p) {
     if (p) block_or_acc.fetch_or(1);
