@@ -4,7 +4,9 @@
 
 use crate::{Args, Device, Error, KernelId, LaunchCfg, Result};
 
+mod argmax;
 mod kv_q8;
+pub use argmax::argmax_rows;
 pub use kv_q8::int8_kv_cache;
 
 const BLOCK: u32 = 256;
@@ -558,7 +560,8 @@ macro_rules! conformance_tests {
             uploads_from_registered_host_memory,
             table_experiment_through_device_api,
             region_arguments_stay_in_their_region,
-            int8_kv_cache
+            int8_kv_cache,
+            argmax_rows
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {

@@ -25,6 +25,7 @@ pub use device::{Device, Event, MemoryReport, Stream, UploadCounts};
 pub use error::{Error, Hazard, HazardKind, Result, Site};
 pub use graph::Graph;
 pub use kernel::{
-    ATTENTION_ROWS_MAX_TOKENS, Access, KERNEL_MODULES, KernelArg, KernelId, LaunchCfg,
+    ARGMAX_MAX_SPLIT, ARGMAX_UNIT_COLS, ATTENTION_ROWS_MAX_TOKENS, Access, KERNEL_MODULES,
+    KernelArg, KernelId, LaunchCfg, argmax_row, argmax_split,
 };
 pub use transfer::Pending;

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use strata_core::{Device, Graph, Stream};
+use strata_core::{Device, Graph, Stream, argmax_row};
 use strata_model::{KvCache, KvFormat, LogitRows, Model, Scratch};
 
 use crate::error::{EngineError, Result};
@@ -23,12 +23,13 @@ pub struct Context {
     pub(crate) tokens: Vec<u32>,
     /// Most tokens one forward pass runs (`set_micro_batch`; at most the scratch's rows).
     n_ubatch: u32,
-    /// The captured single-token step (for `LogitRows::Last`), valid for this scratch.
-    pub(crate) decode_graph: Option<Graph>,
-    /// Captured verify windows (`LogitRows::AllAsDecode`), one per window length, valid
-    /// for this scratch: a speculative step replays one instead of launching every op.
-    window_graphs: Vec<(usize, Graph)>,
+    /// Captured steps, valid for this scratch: the single-token step (`LogitRows::Last`)
+    /// and verify windows (`LogitRows::AllAsDecode`, one per length), each with or without
+    /// the rows' arg-max, so a step replays one graph instead of launching every op.
+    graphs: Vec<(StepShape, Graph)>,
     use_graphs: bool,
+    /// Greedy steps take their rows' arg-max on the device where it has argmax_rows.
+    device_argmax: bool,
     /// The expert cache that runs the routed experts, when they are not all on the device
     /// (a step then waits for the device at every MoE layer and is not captured).
     pub(crate) experts: Option<SharedExpertCache>,
@@ -68,9 +69,9 @@ impl Context {
             n_ubatch: scratch.n_max,
             scratch,
             tokens: Vec::new(),
-            decode_graph: None,
-            window_graphs: Vec::new(),
+            graphs: Vec::new(),
             use_graphs: true,
+            device_argmax: true,
             experts: None,
             max_ctx: n_ctx,
             grow: None,
@@ -98,8 +99,7 @@ impl Context {
     /// Forgets the captured steps (the scratch, the K/V buffers or the expert runner they
     /// recorded have changed).
     pub(crate) fn drop_graphs(&mut self) {
-        self.decode_graph = None;
-        self.window_graphs.clear();
+        self.graphs.clear();
     }
 
     /// Whether single-token steps and verify windows replay captured graphs (the default)
@@ -109,6 +109,13 @@ impl Context {
         if !on {
             self.drop_graphs();
         }
+    }
+
+    /// Whether [`Context::eval_argmax`] and [`Context::eval_verify_argmax`] compute the
+    /// arg-max on the device (the default, where it has argmax_rows) or download the rows
+    /// and take it on the host; both give the same ids.
+    pub fn set_device_argmax(&mut self, on: bool) {
+        self.device_argmax = on;
     }
 
     /// Runs each batch as forward passes of at most `n` tokens (clamped to 4..=batch):
@@ -141,24 +148,43 @@ impl Context {
 
     /// Feeds `tokens` after those already held and returns the logits of the last one.
     pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let mut all = self.eval_rows(tokens, LogitRows::Last)?;
+        let mut all = self.eval_rows(tokens, LogitRows::Last, false)?.logits;
         let vocab = self.model.hp.n_vocab as usize;
         let last = all.split_off(all.len().saturating_sub(vocab));
         Ok(last)
     }
 
+    /// Feeds `tokens` and returns the greedy choice after the last one: the arg-max of its
+    /// logits (core's `argmax_row`, the sampler's rule), computed on the device where it
+    /// can be, so that only the token id is downloaded.
+    pub fn eval_argmax(&mut self, tokens: &[u32]) -> Result<u32> {
+        let ids = self.eval_rows(tokens, LogitRows::Last, true)?.ids;
+        ids.last().copied().ok_or(EngineError::EmptyPrompt)
+    }
+
     /// Feeds `tokens` and returns the logits of every one of them, row after row.
     pub fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.eval_rows(tokens, LogitRows::All)
+        Ok(self.eval_rows(tokens, LogitRows::All, false)?.logits)
     }
 
     /// Feeds `tokens` and returns every row's logits, each row computed as a one-token
     /// step computes it (bit for bit): speculative decoding's verify windows.
     pub fn eval_verify(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.eval_rows(tokens, LogitRows::AllAsDecode)
+        Ok(self
+            .eval_rows(tokens, LogitRows::AllAsDecode, false)?
+            .logits)
     }
 
-    fn eval_rows(&mut self, tokens: &[u32], rows: LogitRows) -> Result<Vec<f32>> {
+    /// [`Context::eval_verify`] for greedy windows: each row's arg-max (as
+    /// [`Context::eval_argmax`]) instead of its logits.
+    pub fn eval_verify_argmax(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        Ok(self.eval_rows(tokens, LogitRows::AllAsDecode, true)?.ids)
+    }
+
+    /// The forward passes of `tokens` and the `rows` they are asked for: their logits, or
+    /// with `argmax` only each row's arg-max (computed on the device when it has
+    /// argmax_rows, else on the host from the downloaded rows).
+    fn eval_rows(&mut self, tokens: &[u32], rows: LogitRows, argmax: bool) -> Result<Evaluated> {
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
@@ -184,11 +210,29 @@ impl Context {
             self.drop_graphs();
             self.scratch = Scratch::new(&self.dev, &self.model, n_max, logit_rows)?;
         }
-        let mut out = Vec::new();
+        let on_device = argmax && self.device_argmax && Model::has_device_argmax(&self.dev);
+        let mut out = Evaluated::default();
         let batch = self.scratch.n_max as usize;
         let ubatch = (self.n_ubatch as usize).min(batch);
         for chunk in tokens.chunks(batch).flat_map(|c| micro_batches(c, ubatch)) {
             let pos0 = self.tokens.len() as u32;
+            let is_last = pos0 as usize + chunk.len() == needed;
+            let n_rows = match rows {
+                LogitRows::All | LogitRows::AllAsDecode => chunk.len(),
+                LogitRows::Last => 1,
+            };
+            let wanted = rows != LogitRows::Last || is_last;
+            let shape = StepShape {
+                n: chunk.len(),
+                rows,
+                argmax: on_device && wanted,
+            };
+            // A decode step or a verify window replays a captured graph (which ends with
+            // the arg-max when it is asked for); the rest launches op by op.
+            let graphed = self.experts.is_none()
+                && self.use_graphs
+                && ((chunk.len() == 1 && rows == LogitRows::Last)
+                    || (rows == LogitRows::AllAsDecode && chunk.len() <= WINDOW_GRAPH_MAX_TOKENS));
             if let Some(cache) = &self.experts {
                 let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
                 self.model.forward_with(
@@ -202,13 +246,8 @@ impl Context {
                     Some(&mut *cache),
                 )?;
                 cache.between_steps()?;
-            } else if chunk.len() == 1 && rows == LogitRows::Last && self.use_graphs {
-                self.step_graph(chunk, pos0)?;
-            } else if rows == LogitRows::AllAsDecode
-                && self.use_graphs
-                && chunk.len() <= WINDOW_GRAPH_MAX_TOKENS
-            {
-                self.window_graph(chunk, pos0)?;
+            } else if graphed {
+                self.replay_step(chunk, pos0, shape)?;
             } else {
                 self.model.forward(
                     &self.dev,
@@ -221,79 +260,106 @@ impl Context {
                 )?;
             }
             self.tokens.extend_from_slice(chunk);
-            let n_rows = match rows {
-                LogitRows::All | LogitRows::AllAsDecode => chunk.len(),
-                LogitRows::Last => 1,
-            };
-            let is_last = self.tokens.len() == needed;
-            if rows != LogitRows::Last || is_last {
-                let logits = self
+            if !wanted {
+                continue;
+            }
+            if shape.argmax {
+                if !graphed {
+                    self.model.record_argmax(
+                        &self.dev,
+                        self.stream,
+                        &self.scratch,
+                        n_rows as u32,
+                    )?;
+                }
+                let ids = self
                     .dev
-                    .download_range(&self.scratch.logits, 0, n_rows * vocab, self.stream)?
+                    .download_range(&self.scratch.argmax, 0, n_rows, self.stream)?
                     .wait()?;
-                out.extend_from_slice(&logits);
+                if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(EngineError::Model(strata_model::ModelError::BadToken(
+                        bad, vocab,
+                    )));
+                }
+                out.ids.extend_from_slice(&ids);
+                continue;
+            }
+            let logits = self
+                .dev
+                .download_range(&self.scratch.logits, 0, n_rows * vocab, self.stream)?
+                .wait()?;
+            if argmax {
+                // No argmax_rows on this device: the host takes the same rule.
+                out.ids.extend(logits.chunks_exact(vocab).map(argmax_row));
+            } else {
+                out.logits.extend_from_slice(&logits);
             }
         }
         Ok(out)
     }
 
-    /// One token through the captured decode graph (capturing it the first time).
-    fn step_graph(&mut self, token: &[u32], pos0: u32) -> Result<()> {
-        let (dev, stream) = (&self.dev, self.stream);
-        let (model, scratch, kv) = (&self.model, &self.scratch, &self.kv);
-        model.prepare(dev, stream, scratch, kv, token, pos0)?;
-        if self.decode_graph.is_none() {
-            let graph = capture_step(model, dev, stream, scratch, kv, 1, LogitRows::Last)?;
-            tracing::debug!("decode step captured: {} buffers", graph.buffer_count());
-            self.decode_graph = Some(graph);
-        }
-        if let Some(graph) = self.decode_graph.as_mut() {
-            dev.replay(graph, stream)?;
-        }
-        Ok(())
-    }
-
-    /// A verify window of `tokens` through its captured graph (capturing it the first time
-    /// a window of this length runs): each row as a one-token step computes it.
-    fn window_graph(&mut self, tokens: &[u32], pos0: u32) -> Result<()> {
+    /// A single-token step or a verify window through its captured graph (capturing it
+    /// the first time a step of this shape runs); a window computes each row as a
+    /// one-token step does. With `shape.argmax` the graph ends with the rows' arg-max.
+    fn replay_step(&mut self, tokens: &[u32], pos0: u32, shape: StepShape) -> Result<()> {
         let (dev, stream) = (&self.dev, self.stream);
         let (model, scratch, kv) = (&self.model, &self.scratch, &self.kv);
         model.prepare(dev, stream, scratch, kv, tokens, pos0)?;
-        let n = tokens.len();
-        if !self.window_graphs.iter().any(|(len, _)| *len == n) {
-            let rows = LogitRows::AllAsDecode;
-            let graph = capture_step(model, dev, stream, scratch, kv, n as u32, rows)?;
-            tracing::debug!(
-                "verify window of {n} captured: {} buffers",
-                graph.buffer_count()
-            );
-            self.window_graphs.push((n, graph));
+        if !self.graphs.iter().any(|(s, _)| *s == shape) {
+            let graph = capture_step(model, dev, stream, scratch, kv, shape)?;
+            tracing::debug!("{shape:?} captured: {} buffers", graph.buffer_count());
+            self.graphs.push((shape, graph));
         }
-        if let Some((_, graph)) = self.window_graphs.iter_mut().find(|(len, _)| *len == n) {
+        if let Some((_, graph)) = self.graphs.iter_mut().find(|(s, _)| *s == shape) {
             dev.replay(graph, stream)?;
         }
         Ok(())
     }
 }
 
-/// One forward pass of `n` tokens recorded into a graph (the tokens and positions it reads
-/// are uploaded by `Model::prepare` before each replay).
+/// What a captured step computes: `n` tokens, the rows of logits, and whether it ends with
+/// their arg-max.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepShape {
+    n: usize,
+    rows: LogitRows,
+    argmax: bool,
+}
+
+/// What [`Context::eval_rows`] hands back: the rows' logits, or their arg-maxes.
+#[derive(Default)]
+struct Evaluated {
+    logits: Vec<f32>,
+    ids: Vec<u32>,
+}
+
+/// One forward pass of `shape.n` tokens recorded into a graph (the tokens and positions it
+/// reads are uploaded by `Model::prepare` before each replay), then their rows' arg-max.
 fn capture_step(
     model: &Model,
     dev: &Device,
     stream: Stream,
     scratch: &Scratch,
     kv: &KvCache,
-    n: u32,
-    rows: LogitRows,
+    shape: StepShape,
 ) -> Result<Graph> {
+    let n = shape.n as u32;
+    let rows = match shape.rows {
+        LogitRows::Last => 1,
+        LogitRows::All | LogitRows::AllAsDecode => n,
+    };
+    let record = |d: &Device| -> strata_model::Result<()> {
+        model.record(d, stream, scratch, kv, n, shape.rows)?;
+        if shape.argmax {
+            model.record_argmax(d, stream, scratch, rows)?;
+        }
+        Ok(())
+    };
     let graph = dev.capture(stream, |d| {
-        model
-            .record(d, stream, scratch, kv, n, rows)
-            .map_err(|e| match e {
-                strata_model::ModelError::Device(e) => e,
-                other => strata_core::Error::Capture(other.to_string()),
-            })
+        record(d).map_err(|e| match e {
+            strata_model::ModelError::Device(e) => e,
+            other => strata_core::Error::Capture(other.to_string()),
+        })
     })?;
     Ok(graph)
 }

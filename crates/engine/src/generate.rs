@@ -190,6 +190,7 @@ pub fn generate_with(
         let room = (ctx.n_ctx() - history.len()).min(params.max_tokens - out_tokens.len() - 1);
         match speculator.step(ctx, &mut sampler, drafter, &history, room)? {
             Step::Logits(l) => logits = l,
+            Step::Token(t) => queued.push_back(t),
             Step::Tokens { tokens, .. } => queued.extend(tokens),
         }
     };

@@ -46,6 +46,15 @@ impl SamplingParams {
         }
     }
 
+    /// Whether the arg-max of the raw logits alone decides every token (greedy, with no
+    /// penalty to apply first), so a step may take it from the device instead of the row.
+    pub fn argmax_decides(&self) -> bool {
+        self.temperature <= 0.0
+            && self.repeat_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+    }
+
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::BadSampling(m));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
@@ -119,15 +128,10 @@ pub struct Sampler {
     rng: Rng,
 }
 
-/// Index of the largest logit (the lowest index among equals).
+/// Index of the largest logit (the lowest index among equals; NaN below every number):
+/// core's `argmax_row`, the rule the devices' argmax_rows computes too.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    strata_core::argmax_row(logits)
 }
 
 impl Sampler {
@@ -308,6 +312,38 @@ mod tests {
     fn greedy_takes_the_arg_max_and_the_lower_id_on_ties() {
         let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
         assert_eq!(s.sample(&[0.1, 2.0, 2.0, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn only_plain_greedy_is_decided_by_the_arg_max() {
+        assert!(SamplingParams::greedy().argmax_decides());
+        assert!(!SamplingParams::default().argmax_decides());
+        for p in [
+            SamplingParams {
+                repeat_penalty: 1.1,
+                ..SamplingParams::greedy()
+            },
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..SamplingParams::greedy()
+            },
+            SamplingParams {
+                frequency_penalty: -0.5,
+                ..SamplingParams::greedy()
+            },
+        ] {
+            assert!(!p.argmax_decides(), "{p:?}");
+        }
+        // Where it says yes, sampling is the arg-max, NaN and ties included.
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        for row in [
+            vec![f32::NAN, 1.0, 3.0, 3.0],
+            vec![-0.0, 0.0],
+            vec![f32::NAN; 3],
+        ] {
+            assert_eq!(s.sample(&row, &[1, 2]), argmax(&row));
+        }
+        assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The forward pass: one batch of tokens through every layer, as launches on one stream.
 //! Scratch buffers are sized once for the largest batch and reused.
 
-use strata_core::{Device, DeviceBuffer, Stream};
+use strata_core::{Device, DeviceBuffer, KernelId, Stream, argmax_split};
 
 use crate::error::{ModelError, Result};
 use crate::hparams::QkNorm;
@@ -46,6 +46,12 @@ pub struct Scratch {
     /// vocabulary-wide row per batch token would dwarf a small model).
     pub logits: DeviceBuffer<f32>,
     pub logit_rows: u32,
+    /// Each logits row's arg-max, where [`Model::record_argmax`] computes it: one token id
+    /// per row of `logits`, so a greedy step downloads ids instead of rows.
+    pub argmax: DeviceBuffer<u32>,
+    /// argmax_rows' per-piece keys and per-row tickets (0 between launches).
+    argmax_keys: DeviceBuffer<u64>,
+    argmax_done: DeviceBuffer<u32>,
 }
 
 impl Scratch {
@@ -64,6 +70,8 @@ impl Scratch {
         }
         let f = |len: usize| dev.alloc::<f32>(len.max(1));
         let heads = (h.n_head + 2 * h.n_head_kv) as usize;
+        let logit_rows = logit_rows.clamp(1, n as u32);
+        let split = argmax_split(h.n_vocab) as usize;
         Ok(Scratch {
             n_max: n as u32,
             ids: dev.alloc::<u32>(n)?,
@@ -90,8 +98,11 @@ impl Scratch {
             router_done: dev.alloc_from(&[0u32], dev.main_stream())?,
             norm_done: dev.alloc_from(&[0u32], dev.main_stream())?,
             head_done: dev.alloc_from(&vec![0u32; heads], dev.main_stream())?,
-            logits: f(logit_rows.clamp(1, n as u32) as usize * h.n_vocab as usize)?,
-            logit_rows: logit_rows.clamp(1, n as u32),
+            logits: f(logit_rows as usize * h.n_vocab as usize)?,
+            logit_rows,
+            argmax: dev.alloc::<u32>(logit_rows as usize)?,
+            argmax_keys: dev.alloc::<u64>(logit_rows as usize * split)?,
+            argmax_done: dev.alloc_from(&vec![0u32; logit_rows as usize], dev.main_stream())?,
         })
     }
 }
@@ -299,6 +310,40 @@ impl Model {
             h.rms_eps,
         )?;
         ops.mul_mat(self.output(), &s.xn, 0, &s.logits, count)?;
+        Ok(())
+    }
+
+    /// Whether the device computes logits rows' arg-maxes ([`Model::record_argmax`]).
+    pub fn has_device_argmax(dev: &Device) -> bool {
+        dev.supports(KernelId::ArgmaxRows)
+    }
+
+    /// Queues the arg-max of the first `rows` rows of `scratch.logits` (the rows a forward
+    /// pass just wrote: its last token's for `LogitRows::Last`) into `scratch.argmax`, by
+    /// core's `argmax_row` rule. Launches only, so it is captured with [`Model::record`].
+    pub fn record_argmax(
+        &self,
+        dev: &Device,
+        stream: Stream,
+        scratch: &Scratch,
+        rows: u32,
+    ) -> Result<()> {
+        if rows == 0 || rows > scratch.logit_rows {
+            return Err(ModelError::BadHParams(format!(
+                "the arg-max of {rows} rows asked for, the scratch holds {}",
+                scratch.logit_rows
+            )));
+        }
+        let ops = Ops { dev, stream };
+        let s = scratch;
+        ops.argmax_rows(
+            &s.logits,
+            &s.argmax,
+            &s.argmax_keys,
+            &s.argmax_done,
+            rows,
+            self.hp.n_vocab,
+        )?;
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use strata_core::{
     ATTENTION_ROWS_MAX_TOKENS, Args, Device, DeviceBuffer, DeviceSlice, KernelId, LaunchCfg,
-    Result, Stream,
+    Result, Stream, argmax_split,
 };
 use strata_gguf::QuantType;
 
@@ -398,6 +398,35 @@ impl Ops<'_> {
             .u32(k)
             .u32(norm as u32);
         self.launch_cfg(KernelId::RouterTopk, warp_per_row(n_tokens as usize), args)
+    }
+
+    /// `ids[r]` = the arg-max of row r of `x` (`n_rows` rows of `n_cols`), each row in
+    /// `argmax_split(n_cols)` pieces of one 256-thread block; `keys` holds that many u64 a
+    /// row, `done` a ticket a row (0 between launches).
+    #[allow(clippy::too_many_arguments)]
+    pub fn argmax_rows(
+        &self,
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<u32>,
+        keys: &DeviceBuffer<u64>,
+        done: &DeviceBuffer<u32>,
+        n_rows: u32,
+        n_cols: u32,
+    ) -> Result<()> {
+        let split = argmax_split(n_cols);
+        let args = Args::new()
+            .read(x)
+            .write(ids)
+            .read_write(keys)
+            .read_write(done)
+            .u32(n_rows)
+            .u32(n_cols)
+            .u32(split);
+        self.launch_cfg(
+            KernelId::ArgmaxRows,
+            blocks(n_rows as usize * split as usize),
+            args,
+        )
     }
 
     /// `y[t][j] = x' * W_{ids[t][j]}^T`; x' is x[t] or, with `x_per_slot`, x[t][j]. `buf`

@@ -69,6 +69,10 @@ impl<'t> Job<'t> {
             return Err(EngineError::EmptyPrompt);
         }
         let sampler = Sampler::new(task.params.sampling.clone())?;
+        let mut speculator = Speculator::new(spec);
+        // Log-probabilities read every step's logits; without them a greedy step
+        // downloads only its token.
+        speculator.keep_logits = task.logprobs.is_some();
         let decoder = tok.stream_decoder(task.params.show_special);
         Ok(Job {
             task,
@@ -76,7 +80,7 @@ impl<'t> Job<'t> {
             fed: reused,
             input: None,
             sampler,
-            speculator: Speculator::new(spec),
+            speculator,
             decoder,
             history: Vec::new(),
             out_tokens: Vec::new(),
@@ -137,7 +141,7 @@ impl<'t> Job<'t> {
             }
             self.history = ctx.tokens().to_vec();
             let id = self.sampler.sample(&logits, &self.history);
-            return Ok(self.take(ctx, tok, id, &logits, metrics));
+            return Ok(self.take(ctx, tok, id, Some(&logits), metrics));
         }
         let Some(input) = self.input else {
             return Ok(Some(StopReason::Length));
@@ -174,7 +178,11 @@ impl<'t> Job<'t> {
             Step::Logits(logits) => {
                 metrics.decode(1, took);
                 let id = self.sampler.sample(&logits, &self.history);
-                Ok(self.take(ctx, tok, id, &logits, metrics))
+                Ok(self.take(ctx, tok, id, Some(&logits), metrics))
+            }
+            Step::Token(id) => {
+                metrics.decode(1, took);
+                Ok(self.take(ctx, tok, id, None, metrics))
             }
             Step::Tokens {
                 tokens,
@@ -182,11 +190,14 @@ impl<'t> Job<'t> {
                 drafted,
             } => {
                 metrics.spec_window(drafted, tokens.len() - 1);
-                let vocab = rows.len() / (drafted + 1);
+                let vocab = ctx.model.hp.n_vocab as usize;
                 let mut taken = 0;
                 let mut stop = None;
-                for (&id, row) in tokens.iter().zip(rows.chunks_exact(vocab)) {
+                for (i, &id) in tokens.iter().enumerate() {
                     taken += 1;
+                    let row = rows
+                        .as_ref()
+                        .and_then(|r| r.get(i * vocab..(i + 1) * vocab));
                     stop = self.take(ctx, tok, id, row, metrics);
                     if stop.is_some() {
                         break;
@@ -198,15 +209,16 @@ impl<'t> Job<'t> {
         }
     }
 
-    /// Takes `id`, chosen from `logits` (a plain step's or a window row's): sends the
-    /// text that became final and checks every way generation ends. Going on, `id` is the
-    /// input of the next step.
+    /// Takes `id`, chosen from `logits` (a plain step's or a window row's; `None` when
+    /// only the choice left the device, which the speculator does only while no
+    /// log-probabilities are asked for): sends the text that became final and checks every
+    /// way generation ends. Going on, `id` is the input of the next step.
     fn take(
         &mut self,
         ctx: &Context,
         tok: &Tokenizer,
         id: u32,
-        logits: &[f32],
+        logits: Option<&[f32]>,
         metrics: &Metrics,
     ) -> Option<StopReason> {
         // The previous token is in the context now (its logits chose `id`), as a plain
@@ -223,7 +235,7 @@ impl<'t> Job<'t> {
         if tok.is_eog(id) && !params.ignore_eos {
             return Some(StopReason::Eog);
         }
-        if let Some(top) = self.task.logprobs {
+        if let (Some(top), Some(logits)) = (self.task.logprobs, logits) {
             self.pending_logprobs
                 .push(logprobs::entry(tok, logits, id, top));
         }

@@ -4,6 +4,7 @@
 mod conformance;
 mod experts;
 mod model;
+mod sample;
 
 pub use model::{KernelPool, thread_pool};
 
@@ -156,6 +157,7 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         KernelId::MulMatExpertsCached => experts::mul_mat_experts_cached(args),
         KernelId::MoeCombineSplit => experts::moe_combine_split(args),
         KernelId::ExpertsGateUp => model::experts_gate_up(args),
+        KernelId::ArgmaxRows => sample::argmax_rows(args),
         // The other fused forms are a GPU capability: this backend runs their op sequences,
         // which keeps it equal to llama.cpp op by op (`supported` says no).
         KernelId::AddRmsNorm

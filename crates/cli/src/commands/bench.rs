@@ -278,9 +278,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     spec_stats.add(&s);
                 }
             } else {
+                // Greedy, as generate's plain steps: only the chosen id leaves the device.
                 for _ in 0..args.n_gen {
-                    let logits = ctx.eval(&[tok])?;
-                    tok = strata_engine::sampler::argmax(&logits);
+                    tok = ctx.eval_argmax(&[tok])?;
                 }
             }
             tg_s += t.elapsed().as_secs_f64();

@@ -8,7 +8,6 @@ use strata_model::tokenizer::TokenizerSpec;
 use super::drafter::Drafter;
 use crate::context::Context;
 use crate::error::{EngineError, Result};
-use crate::sampler::argmax;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DraftModelError {
@@ -82,15 +81,15 @@ impl Drafter for DraftModel {
             .count()
             .min(history.len() - 1);
         self.ctx.truncate(common);
-        let mut logits = self.ctx.eval(&history[common..])?;
+        // Greedy drafts: only each step's chosen id leaves the device.
+        let mut t = self.ctx.eval_argmax(&history[common..])?;
         let mut drafts = Vec::with_capacity(k);
         loop {
-            let t = argmax(&logits);
             drafts.push(t);
             if drafts.len() == k {
                 break;
             }
-            logits = self.ctx.eval(&[t])?;
+            t = self.ctx.eval_argmax(&[t])?;
         }
         Ok(drafts)
     }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::backoff::BackOff;
 use super::drafter::Drafter;
-use super::verify::{SpecStats, accept_sampled};
+use super::verify::{SpecStats, accept_prefix, accept_sampled};
 use crate::context::Context;
 use crate::error::Result;
 use crate::sampler::Sampler;
@@ -31,13 +31,17 @@ impl SpecConfig {
 pub enum Step {
     /// A plain step: the logits after the fed token.
     Logits(Vec<f32>),
+    /// A plain greedy step whose logits stayed on the device: the token they choose (what
+    /// the sampler would choose from them), not yet in the context.
+    Token(u32),
     /// A verify window: the tokens it decided (accepted drafts, then the sampled one), all
     /// but the last already in the context; the window's logit rows (`rows[i]` is the
-    /// distribution `tokens[i]` was chosen from, for log-probabilities), and how many
-    /// drafts it verified.
+    /// distribution `tokens[i]` was chosen from, for log-probabilities), unless a greedy
+    /// window took only the rows' arg-maxes from the device; and how many drafts it
+    /// verified.
     Tokens {
         tokens: Vec<u32>,
-        rows: Vec<f32>,
+        rows: Option<Vec<f32>>,
         drafted: usize,
     },
 }
@@ -49,6 +53,10 @@ pub struct Speculator {
     pub config: SpecConfig,
     policy: BackOff,
     pub stats: SpecStats,
+    /// Every step hands back its logits (`Step::Logits`, a window's `rows`), for a caller
+    /// that reads them (log-probabilities). Off, a step whose sampling is decided by the
+    /// arg-max alone downloads only the chosen ids (`Step::Token`, `rows: None`).
+    pub keep_logits: bool,
 }
 
 impl Speculator {
@@ -57,6 +65,7 @@ impl Speculator {
             config,
             policy: BackOff::new(),
             stats: SpecStats::default(),
+            keep_logits: false,
         }
     }
 
@@ -95,19 +104,35 @@ impl Speculator {
             }
             drafts.truncate(d);
         }
+        // Greedy with nothing applied to the logits first: the arg-max decides, and only
+        // the ids leave the device.
+        let by_argmax = !self.keep_logits && sampler.params.argmax_decides();
         if drafts.is_empty() {
-            let logits = ctx.eval(&[last])?;
+            let step = if by_argmax {
+                Step::Token(ctx.eval_argmax(&[last])?)
+            } else {
+                Step::Logits(ctx.eval(&[last])?)
+            };
             self.policy.record_step(t0.elapsed());
             self.stats.plain += 1;
-            return Ok(Step::Logits(logits));
+            return Ok(step);
         }
         let held = ctx.tokens().len();
         let mut window = Vec::with_capacity(drafts.len() + 1);
         window.push(last);
         window.extend_from_slice(&drafts);
-        let rows = ctx.eval_verify(&window)?;
-        let vocab = ctx.model.hp.n_vocab as usize;
-        let tokens = accept_sampled(sampler, &rows, vocab, history, &drafts);
+        let (tokens, rows) = if by_argmax {
+            // accept_sampled's greedy case: the drafts matching the rows' choices, then
+            // the choice after the last of them.
+            let choices = ctx.eval_verify_argmax(&window)?;
+            let accepted = accept_prefix(&drafts, &choices);
+            (choices[..=accepted].to_vec(), None)
+        } else {
+            let rows = ctx.eval_verify(&window)?;
+            let vocab = ctx.model.hp.n_vocab as usize;
+            let tokens = accept_sampled(sampler, &rows, vocab, history, &drafts);
+            (tokens, Some(rows))
+        };
         let accepted = tokens.len() - 1;
         // Forget the rejected drafts' positions (their K/V is overwritten later).
         ctx.truncate(held + 1 + accepted);

@@ -172,6 +172,7 @@ pub fn measure_window_costs(
         let t = Instant::now();
         let next = match plain.step(ctx, &mut sampler, &mut no_drafts, &history, 0)? {
             Step::Logits(l) => sampler.sample(&l, &history),
+            Step::Token(t) => t,
             // A drafter that proposes nothing never gets a window.
             Step::Tokens { tokens, .. } => tokens.last().copied().unwrap_or_default(),
         };
@@ -230,7 +231,9 @@ pub fn time_windows(
         seconds.push(t.elapsed().as_secs_f64());
         let decided = match step {
             Step::Tokens { tokens, .. } => tokens,
-            Step::Logits(_) => return Err(WindowCostError::NoDrafts { window: w }),
+            Step::Logits(_) | Step::Token(_) => {
+                return Err(WindowCostError::NoDrafts { window: w });
+            }
         };
         if decided.len() != k + 1 {
             let accepted = decided.len().saturating_sub(1);
