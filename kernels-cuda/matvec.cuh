@@ -183,22 +183,63 @@ __device__ void mv_quant_unit(MvShared& sh, const MmUnit& u, uint64_t& staged_ke
         if (wrows[rr] && lane == 0) u.y[u.r0 + (uint32_t)(rr * nwarps + warp)] = out[rr];
 }
 
-// Float weights: what matmul.cuh's mm_float_unit computes for the unit's MV_ROWS rows a
-// warp (rows r0 + q · nwarps + warp) and one token, bit for bit: lane L's weights
-// L·8.. of every 256-value step fused into the row's sum in order, then warp_sum. Only the
-// loads differ: MV_FLOAT_STEPS steps of every row of the warp are requested before the
-// first is used, so a row of 2,048 values waits on two memory round trips, not eight a
-// row in turn (the router's 128 x 2,048 F32 product took 12 us in a decode step).
-#ifndef MV_FLOAT_STEPS
-#define MV_FLOAT_STEPS 2
-#endif
-#ifdef MV_FLOAT_NOINLINE
-#define MV_FLOAT_ATTR __noinline__
-#else
-#define MV_FLOAT_ATTR
-#endif
+// Float weights: matmul.cuh's mm_float_unit over the unit's MV_ROWS rows a warp (it takes
+// MM_ROWS a warp), so each row is computed as the tiled kernel computes it.
 template <int T>
-MV_FLOAT_ATTR __device__ void mv_float_unit(const MmUnit& u) {
+__device__ void mv_float_unit(const MmUnit& u) {
+    const uint32_t nwarps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
+    MmUnit part = u;
+    for (int h = 0; h < MV_ROWS / MM_ROWS; h++) {
+        part.r0 = u.r0 + (uint32_t)h * MM_ROWS * nwarps;
+        mm_float_unit<T>(part);
+    }
+}
+
+// One unit (a single activation row: u.tn == 1, no gathered rows) with the code for `type`.
+__device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUnit& u,
+                                        uint64_t& staged_key) {
+    switch (type) {
+        case T_F32: mv_float_unit<T_F32>(u); break;
+        case T_F16: mv_float_unit<T_F16>(u); break;
+        case T_BF16: mv_float_unit<T_BF16>(u); break;
+#define MV_CASE(id, F) \
+    case id: mv_quant_unit<F>(sh, u, staged_key); break;
+        QUANT_FORMATS(MV_CASE)
+#undef MV_CASE
+        default: break;
+    }
+}
+
+// y = x · wᵀ for n activation rows (m weight rows of k values), a unit per (token, row
+// group) over the grid: mul_mat_vec's work, and the product part of the fused kernels
+// that end in a tail (router_matvec_topk, mul_mat_add_rms_norm), so they agree bit for bit.
+__device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const uint8_t* w,
+                                           const float* x, float* y, uint32_t m, uint32_t k,
+                                           uint64_t n) {
+    const uint32_t rows = mv_rows_per_unit();
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit u = one_row_unit(type, m, k);
+    u.w = w;
+    for (uint64_t un = blockIdx.x; un < n * groups; un += gridDim.x) {
+        const uint64_t t = un / groups;
+        u.x = x + t * k;
+        u.y = y + t * m;
+        u.r0 = (uint32_t)(un % groups) * rows;
+        u.act_key = t;
+        mv_unit(sh, type, u, staged);
+    }
+}
+
+// mv_float_unit's rows (the same units, bit for bit) for model.cu's mul_mat_vec_f: lane L's
+// weights L·8.. of every 256-value step fused into the row's sum in order, then warp_sum,
+// as mm_float_unit; only the loads differ: MV_FLOAT_STEPS steps of both rows of the warp
+// are requested before the first is used, so a row of 2,048 values waits on two memory
+// round trips, not eight a row in turn (the router's 128 x 2,048 F32 product took 12 us
+// in a decode step). Its registers: a kernel of its own, not the quantised formats' budget.
+#define MV_FLOAT_STEPS 2
+template <int T>
+__device__ void mv_float_rows(const MmUnit& u) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
     if (warp >= nwarps) return;
@@ -247,30 +288,13 @@ MV_FLOAT_ATTR __device__ void mv_float_unit(const MmUnit& u) {
     }
 }
 
-// One unit (a single activation row: u.tn == 1, no gathered rows) with the code for `type`.
-__device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUnit& u,
-                                        uint64_t& staged_key) {
-    switch (type) {
-        case T_F32: mv_float_unit<T_F32>(u); break;
-        case T_F16: mv_float_unit<T_F16>(u); break;
-        case T_BF16: mv_float_unit<T_BF16>(u); break;
-#define MV_CASE(id, F) \
-    case id: mv_quant_unit<F>(sh, u, staged_key); break;
-        QUANT_FORMATS(MV_CASE)
-#undef MV_CASE
-        default: break;
-    }
-}
-
-// y = x · wᵀ for n activation rows (m weight rows of k values), a unit per (token, row
-// group) over the grid: mul_mat_vec's work, and the product part of the fused kernels
-// that end in a tail (router_matvec_topk, mul_mat_add_rms_norm), so they agree bit for bit.
-__device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const uint8_t* w,
-                                           const float* x, float* y, uint32_t m, uint32_t k,
-                                           uint64_t n) {
+// mv_product for float weights through mv_float_rows (model.cu's mul_mat_vec_f); false for
+// other types (nothing written).
+__device__ __forceinline__ bool mv_float_product(uint32_t type, const uint8_t* w, const float* x,
+                                                 float* y, uint32_t m, uint32_t k, uint64_t n) {
+    if (type != T_F32 && type != T_F16 && type != T_BF16) return false;
     const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
-    uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);
     u.w = w;
     for (uint64_t un = blockIdx.x; un < n * groups; un += gridDim.x) {
@@ -278,7 +302,11 @@ __device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const ui
         u.x = x + t * k;
         u.y = y + t * m;
         u.r0 = (uint32_t)(un % groups) * rows;
-        u.act_key = t;
-        mv_unit(sh, type, u, staged);
+        switch (type) {
+            case T_F32: mv_float_rows<T_F32>(u); break;
+            case T_F16: mv_float_rows<T_F16>(u); break;
+            default: mv_float_rows<T_BF16>(u); break;
+        }
     }
+    return true;
 }

@@ -218,6 +218,18 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mv_product(sh, type, w, x, y, m, k, n);
 }
 
+// mul_mat for one token with float weights (matvec.cuh's mv_float_product): the CUDA
+// backend's variant ahead of mul_mat_vec for those launches, bit for bit its results, in a
+// kernel of its own so its batched loads get registers (inside mul_mat_vec they spilled).
+// NaN for other types.
+extern "C" __global__ void __launch_bounds__(64)
+    mul_mat_vec_f(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
+                  uint32_t k, uint32_t n) {
+    pdl_begin_mv(w, type, m, k, n);
+    if (!whole_warps() || !mm_shape_ok(type, k) || !mv_float_product(type, w, x, y, m, k, n))
+        fill_nan(y, (uint64_t)n * m);
+}
+
 // mul_mat for one token over an activation quantised once (matvec_q8.cuh): the CUDA
 // backend's first choice for one-token launches of the quantised formats, bit for bit
 // mul_mat_vec's results. The backend launches quantise_act_q8 just before it on the same

@@ -489,6 +489,12 @@ static void test_vec() {
             char what[160];
             snprintf(what, sizeof what, "mul_mat_vec %s %dx%d n=%d vs mul_mat (bit-exact)", f.name, m, k, n);
             report(what, memcmp(tiled.data(), vec.data(), tiled.size() * 4) == 0 ? 0.0 : 1.0, 0);
+            if (f.qk == 1) for (auto [grid, block] : std::vector<std::pair<int, int>>{{7, 32}, {3, 64}}) {
+                std::vector<float> vf((size_t)n * m, -3.0f);
+                launch(grid, block, [&] { mul_mat_vec_f(w.data(), x.data(), vf.data(), f.id, m, k, n); });
+                snprintf(what, sizeof what, "mul_mat_vec_f %s %dx%d n=%d block %d vs mul_mat (bit-exact)", f.name, m, k, n, block);
+                report(what, memcmp(tiled.data(), vf.data(), tiled.size() * 4) == 0 ? 0.0 : 1.0, 0);
+            }
         }
         int m = 24, k = 512, n_used = 2, n_exp = 5;
         size_t rb = f.qk == 1 ? (size_t)k * f.bytes : (size_t)(k / f.qk) * f.bytes;

@@ -381,6 +381,13 @@ fn attention_prefill_grid(args: &[KernelArg], block_threads: u32) -> Option<u32>
     tiles.checked_mul(n_kv_head).map(|b| b.max(1))
 }
 
+/// The float weight formats (kernels-cuda/quant.cuh's T_F32, T_F16, T_BF16), by ggml id.
+const FLOAT_TYPES: [u32; 3] = [
+    strata_quant::QuantType::F32.id(),
+    strata_quant::QuantType::F16.id(),
+    strata_quant::QuantType::BF16.id(),
+];
+
 /// Variants for launches of one token (kernels-cuda/matvec_q8.cuh: the activation
 /// quantised once, every weight row's bytes in flight; matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
@@ -417,6 +424,21 @@ pub(crate) const VARIANTS: &[Variant] = &[
             grid: |a| u32_arg(a, 6)?.checked_mul(mvq_quantise_grid(u32_arg(a, 5)?)),
             block: 256,
         }),
+        scratch: false,
+    },
+    // One token with float weights (the routers): mul_mat_vec's units, their loads batched
+    // (matvec.cuh's mv_float_rows), in a kernel whose registers are its own.
+    Variant {
+        of: KernelId::MulMat,
+        func: "mul_mat_vec_f",
+        applies: |a, _| {
+            let float = u32_arg(a, 3).is_some_and(|ty| FLOAT_TYPES.contains(&ty));
+            (float && u32_arg(a, 6).is_some_and(|n| n <= 1)).then_some(0)
+        },
+        large_smem: false,
+        grid: None,
+        grid_exact: false,
+        pre: None,
         scratch: false,
     },
     Variant {
