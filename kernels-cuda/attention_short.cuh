@@ -144,8 +144,8 @@ __device__ __forceinline__ void att_head_short(AttShortSmem& ss, const float (&q
     __syncthreads();
 
     // 1. Scores; at head_dim 128 with the loops of score_part unrolled (the same values),
-    // so that a thread's rows' loads are in flight together.
-    if (head_dim == 128) {
+    // so that a thread's rows' loads are in flight together (not lean: registers).
+    if (!Lean && head_dim == 128) {
         Kv k128 = kv;
         k128.head_dim = 128;
         att_short_scores<ROWS>(k128, ss, span, scale);
