@@ -24,9 +24,11 @@
 // every head kept in registers and added over the S row subsets at the end, so each thread
 // has several independent loads in flight instead of a chain. Results match the CPU's to
 // the dot products' summation order (model_ops' attention test). Without clusters (older
-// GPUs, the host emulator) one block takes every chunk. attention_long.cuh's kernels (the
-// backend's variants for long contexts) take long spans over more blocks and the others
-// through att_unit_split below, this path.
+// GPUs, the host emulator) one block takes every chunk. Rows of short spans (up to
+// ATT_SHORT_MAX_SPAN) take attention_short.cuh's block-per-head path, with these bits;
+// attention_long.cuh's kernels (the backend's variants for long contexts) take long spans
+// over more blocks, the others through these two paths. attention_short.cuh has the
+// kernel body (attention_split).
 #pragma once
 
 #include "common.cuh"
@@ -447,9 +449,13 @@ __device__ __forceinline__ void att_unit_split(AttSmem& sm, const float* q, cons
     }
     if (!alone) att_cluster_sync();
     if (tid < nh) {
+        // The ranks' loads unrolled, so they are in flight together.
         float m = -F32_INF;
-        for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
-            m = fmaxf(m, att_cluster_load(part_max + tid, b));
+        if (alone)
+            m = fmaxf(m, part_max[tid]);
+        else
+#pragma unroll
+            for (uint32_t b = 0; b < ATT_CLUSTER; b++) m = fmaxf(m, att_cluster_load(part_max + tid, b));
         head_max[tid] = m;
     }
     __syncthreads();
@@ -474,8 +480,11 @@ __device__ __forceinline__ void att_unit_split(AttSmem& sm, const float* q, cons
     if (!alone) att_cluster_sync();
     if (tid < nh) {
         double sum = 0.0;
-        for (uint32_t b = 0; b < (alone ? 1u : ATT_CLUSTER); b++)
-            sum += att_cluster_load_f64(part_sum + tid, b);
+        if (alone)
+            sum += part_sum[tid];
+        else
+#pragma unroll
+            for (uint32_t b = 0; b < ATT_CLUSTER; b++) sum += att_cluster_load_f64(part_sum + tid, b);
         inv_sum[tid] = (float)(1.0 / sum);
     }
     __syncthreads();
@@ -527,19 +536,4 @@ __device__ __forceinline__ void att_unit_split(AttSmem& sm, const float* q, cons
         o[i] = v;
     }
     att_cluster_sync();  // the cluster is done reading this unit's shared arrays
-}
-
-// The kernel body over the cache view `cache` (head_at is set per unit). Blocks of whole
-// warps, at least head_dim / 2 threads, at most ATT_MAX_THREADS.
-template <class Kv>
-__device__ __forceinline__ void attention_split(const float* q, const int32_t* pos, float* out,
-                                                uint32_t n_tokens, uint32_t n_head,
-                                                uint32_t n_kv_head, uint32_t head_dim,
-                                                uint32_t n_ctx, float scale, Kv cache) {
-    __shared__ AttSmem sm;
-    if (!att_shape_ok<Kv>(n_head, n_kv_head, head_dim))
-        return fill_nan(out, (uint64_t)n_tokens * n_head * head_dim);
-    const uint64_t units = att_units(n_tokens, n_head, n_kv_head);
-    for (uint64_t un = att_cluster_id(); un < units; un += att_clusters())
-        att_unit_split(sm, q, pos, out, un, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
 }

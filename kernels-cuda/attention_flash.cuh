@@ -29,8 +29,9 @@
 // merges its slices in slice order; the cluster merges its blocks in rank order through distributed shared
 // memory into the group's triple in the stream's scratch; the unit's last block (a counter
 // per unit, as attention_long.cuh) merges the groups in group order into the output and
-// sets the counter back to 0. Units of shorter spans take attention.cuh's path
-// (att_unit_split), unchanged, so the kernel keeps attention.cuh's clusters of 16.
+// sets the counter back to 0. Rows of shorter spans take `attention`'s paths
+// (attention_short.cuh, attention.cuh's att_unit_split), unchanged, so the kernel keeps
+// attention.cuh's clusters of 16.
 //
 // Which block, warp and slice compute what and in which order sums are formed depend only
 // on the row's position (its span), never on the grid, the block size or the other rows of
@@ -707,8 +708,10 @@ __device__ __forceinline__ void attention_flash_run(const float* q, const int32_
             if (g < att_flash_groups(span))
                 att_flash_group<Staged>(sm, fs, q, out, un, g, span, n_head, n_kv_head, scale, cache,
                                         counters + un, partials, ring);
-        } else if (g == 0) {
+        } else if (g == 0 && !att_is_short(span, ATT_LONG_MIN_SPAN)) {
             att_unit_split(sm, q, pos, out, un, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
         }
     }
+    att_short_rows(sm, q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
+                   ATT_LONG_MIN_SPAN);
 }

@@ -19,9 +19,9 @@
 // finish (a counter per unit in the scratch, after a __threadfence) merges the groups in
 // group order into the output and sets the counter back to 0 (the backend zeroes the
 // scratch once, when it allocates it; a launch leaves the counters as it found them, so a
-// captured graph replays). One launch, no second kernel: the short units of the same
-// launch take attention.cuh's path (att_unit_split, unchanged), so a row's path is chosen
-// by its own span only.
+// captured graph replays). One launch, no second kernel: the other rows of the same launch
+// take `attention`'s paths (attention_short.cuh's, attention.cuh's att_unit_split), so a
+// row's path is chosen by its own span only.
 //
 // Which block computes what and in which order sums are formed depend only on the row's
 // position (its span), never on the grid or the other rows of the launch: a row's result
@@ -31,7 +31,7 @@
 // (older GPUs, the host emulator) a block takes the group's pieces as one range.
 #pragma once
 
-#include "attention.cuh"
+#include "attention_short.cuh"
 
 #ifndef ATT_LONG_MIN_SPAN
 #define ATT_LONG_MIN_SPAN 1024  // spans longer than this take the long path
@@ -287,8 +287,11 @@ __device__ __forceinline__ void attention_long_run(const float* q, const int32_t
             if (g < att_long_groups(span))
                 att_long_group(sm, ls, q, out, un, g, span, n_head, n_kv_head, head_dim, scale,
                                cache, counters + un, partials);
-        } else if (g == 0) {
+        } else if (g == 0 && !att_is_short(span, ATT_LONG_MIN_SPAN)) {
             att_unit_split(sm, q, pos, out, un, n_head, n_kv_head, head_dim, n_ctx, scale, cache);
         }
     }
+    // Lean: the kernels are held to 128 registers (two blocks an SM).
+    att_short_rows<true>(sm, q, pos, out, n_tokens, n_head, n_kv_head, head_dim, n_ctx, scale, cache,
+                         ATT_LONG_MIN_SPAN);
 }

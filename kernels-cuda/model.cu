@@ -30,7 +30,7 @@
 #include "mmq.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
-#include "attention.cuh"
+#include "attention_short.cuh"  // attention.cuh and the kernel body
 #include "router.cuh"
 
 __device__ __forceinline__ bool whole_warps() { return (blockDim.x & 31) == 0; }
@@ -704,8 +704,9 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
 }
 
 // Causal GQA over the f16 cache: token t attends to cache rows 0..=pos[t]; head h reads
-// K/V head h / (n_head / n_kv_head). Split along the keys, a cluster of blocks per (token,
-// K/V head): attention.cuh.
+// K/V head h / (n_head / n_kv_head). A block per (token, query head) for short spans
+// (attention_short.cuh), else split along the keys, a cluster of blocks per (token, K/V
+// head): attention.cuh.
 extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
               const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,

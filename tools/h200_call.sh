@@ -49,7 +49,7 @@ QKV3=$DEF,mul_mat_qkv QKVBASE=$DEF,mul_mat_qkv_q8_rows
 B="$S bench -m $F --backend cuda --cpu-threads 16 --profile $P --expert-cache 3072"
 for step in "$@"; do
   case $step in
-    tests) for t in cuda_backend model_ops matvec_q8 qkv_q8 experts_cached_multi attention_flash model_logits; do
+    tests) for t in cuda_backend model_ops matvec_q8 qkv_q8 experts_cached_multi attention_flash attention_short model_logits; do
              [ -x "$C/$t" ] && run "test-$t" 300 "$C/$t" --test-threads=1; done ;;
     synth) [ -f "$F" ] || run synth 120 "$S" synth --arch qwen3moe --layers 48 --hidden 2048 --heads 32 \
              --kv-heads 4 --head-dim 128 --experts 128 --experts-used 8 --expert-ffn 768 --vocab 151936 \

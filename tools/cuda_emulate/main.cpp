@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|argmax [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_short|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|argmax [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -805,6 +805,7 @@ static void test_qkv_rope() {
 #include "test_attention_prefill_q8.h"
 #include "test_attention_q8.h"
 #include "test_argmax.h"
+#include "test_attention_short.h"
 
 int main(int argc, char** argv) {
     std::string only = argc > 1 ? argv[1] : "";
@@ -818,6 +819,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == "attention" || only == "attention_prefill" || only == "attention_prefill_q8")
         test_attention_prefill_q8();
     if (only.empty() || only == "attention" || only == "attention_q8") test_attention_q8();
+    if (only.empty() || only == "attention" || only == "attention_short") test_attention_short();
     if (only.empty() || only == "attention" || only == "attention_long") test_attention_long();
     if (only.empty() || only == "attention" || only == "attention_flash") test_attention_flash();
     if (only.empty() || only == "experts") test_experts();
