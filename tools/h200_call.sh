@@ -96,7 +96,10 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
     kcache) # kernel caches built here by precompile_kernels (tools/h200_build_carry.sh,
             # KCACHE_VARIANTS): /tmp/kc/NAME/kernels/sm_90, NAME/DEFINES; strata starts on the
             # default's images instead of compiling model.cu (over a minute)
+            # every variant's images also in the default's folder (their names hash the defines),
+            # so a test that opens a device with other defines (attention_short) finds them too
             mkdir -p /tmp/kc && tar xJf "$C/kcache.tar.xz" -C /tmp/kc && export STRATA_CACHE_DIR=/tmp/kc/default
+            for v in /tmp/kc/*/kernels/sm_90; do cp -n "$v"/* /tmp/kc/default/kernels/sm_90/ 2>/dev/null; done
             stamp "kernel caches: $(ls /tmp/kc | tr '\n' ' ')" ;;
     sweep) # the long-span attention's tuning constants: each cached variant (STRATA_NVRTC_DEFINES
            # from NAME/DEFINES), every expert resident, per-kernel times at SWEEP_DEPTH; the
