@@ -12,6 +12,17 @@
 #include "matvec_window.cuh"
 #include "matvec_window_q8.cuh"
 
+// Rows r0..r0 + rows (below m) of every pair in `mask` set to NaN: a window unit whose key
+// is invalid (the two window kernels below).
+__device__ __forceinline__ void nan_pair_rows(float* y, uint64_t mask, uint32_t m, uint32_t r0,
+                                              uint32_t rows) {
+    for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
+        const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
+        for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+            y[p * m + r] = nan_f32();
+    }
+}
+
 // The per-pair units of mul_mat_experts_cached (below), over the block's share of the grid.
 __device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* slots,
                                                   const int32_t* table, const float* x,
@@ -100,11 +111,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
         const int key = sh.win.keys[nth_bit(sh.win.firsts, rank)];
         const uint64_t mask = pairs_of_key(sh.win, key, (uint32_t)pairs);
         if (key < 0) {
-            for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
-                const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
-                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                    y[p * m + r] = nan_f32();
-            }
+            nan_pair_rows(y, mask, m, r0, rows);
             continue;
         }
         const int32_t s = table[key];
@@ -166,11 +173,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
         const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
         const uint64_t mask = mvwq_pairs_of_key(sh, key, (uint32_t)pairs);
         if (key < 0) {
-            for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
-                const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
-                for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                    y[p * m + r] = nan_f32();
-            }
+            nan_pair_rows(y, mask, m, r0, rows);
             continue;
         }
         const int32_t s = table[key];

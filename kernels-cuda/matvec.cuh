@@ -213,12 +213,14 @@ __device__ __forceinline__ void mv_unit(MvShared& sh, uint32_t type, const MmUni
 // y = x · wᵀ for n activation rows (m weight rows of k values), a unit per (token, row
 // group) over the grid: mul_mat_vec's work, and the product part of the fused kernels
 // that end in a tail (router_matvec_topk, mul_mat_add_rms_norm), so they agree bit for bit.
-__device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const uint8_t* w,
-                                           const float* x, float* y, uint32_t m, uint32_t k,
-                                           uint64_t n) {
+// The units of mv_product (one activation row each: token t's row group u.r0..), each
+// handed to unit(u) with u.x, u.y, u.r0 and u.act_key set, grid-stride.
+template <class Unit>
+__device__ __forceinline__ void mv_units(uint32_t type, const uint8_t* w, const float* x,
+                                         float* y, uint32_t m, uint32_t k, uint64_t n,
+                                         Unit unit) {
     const uint32_t rows = mv_rows_per_unit();
     const uint64_t groups = (m + rows - 1) / rows;
-    uint64_t staged = ~(uint64_t)0;
     MmUnit u = one_row_unit(type, m, k);
     u.w = w;
     for (uint64_t un = blockIdx.x; un < n * groups; un += gridDim.x) {
@@ -227,8 +229,15 @@ __device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const ui
         u.y = y + t * m;
         u.r0 = (uint32_t)(un % groups) * rows;
         u.act_key = t;
-        mv_unit(sh, type, u, staged);
+        unit(u);
     }
+}
+
+__device__ __forceinline__ void mv_product(MvShared& sh, uint32_t type, const uint8_t* w,
+                                           const float* x, float* y, uint32_t m, uint32_t k,
+                                           uint64_t n) {
+    uint64_t staged = ~(uint64_t)0;
+    mv_units(type, w, x, y, m, k, n, [&](const MmUnit& u) { mv_unit(sh, type, u, staged); });
 }
 
 // mv_float_unit's rows (the same units, bit for bit) for model.cu's mul_mat_vec_f: lane L's
@@ -293,20 +302,12 @@ __device__ void mv_float_rows(const MmUnit& u) {
 __device__ __forceinline__ bool mv_float_product(uint32_t type, const uint8_t* w, const float* x,
                                                  float* y, uint32_t m, uint32_t k, uint64_t n) {
     if (type != T_F32 && type != T_F16 && type != T_BF16) return false;
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
-    MmUnit u = one_row_unit(type, m, k);
-    u.w = w;
-    for (uint64_t un = blockIdx.x; un < n * groups; un += gridDim.x) {
-        const uint64_t t = un / groups;
-        u.x = x + t * k;
-        u.y = y + t * m;
-        u.r0 = (uint32_t)(un % groups) * rows;
+    mv_units(type, w, x, y, m, k, n, [&](const MmUnit& u) {
         switch (type) {
             case T_F32: mv_float_rows<T_F32>(u); break;
             case T_F16: mv_float_rows<T_F16>(u); break;
             default: mv_float_rows<T_BF16>(u); break;
         }
-    }
+    });
     return true;
 }
