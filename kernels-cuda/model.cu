@@ -218,10 +218,11 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
     mv_product(sh, type, w, x, y, m, k, n);
 }
 
-// mul_mat for one token with float weights (matvec.cuh's mv_float_product): the CUDA
-// backend's variant ahead of mul_mat_vec for those launches, bit for bit its results, in a
-// kernel of its own so its batched loads get registers (inside mul_mat_vec they spilled).
-// NaN for other types. Any block of up to 256 threads (ops.rs launches one-warp blocks).
+// mul_mat for up to 8 tokens with float weights (matvec.cuh's mv_float_product: a step's
+// router, a verify window's): the CUDA backend's variant ahead of mul_mat_vec for those
+// launches, bit for bit its results, in a kernel of its own so its batched loads get
+// registers (inside mul_mat_vec they spilled). NaN for other types. Any block of up to 256
+// threads (ops.rs launches one-warp blocks, 64 a token for a 128-row router).
 extern "C" __global__ void __launch_bounds__(256)
     mul_mat_vec_f(const uint8_t* w, const float* x, float* y, uint32_t type, uint32_t m,
                   uint32_t k, uint32_t n) {

@@ -38,6 +38,7 @@ impl KernelTimes {
             .into_iter()
             .map(|(kernel, (launches, seconds))| KernelTime {
                 kernel,
+                function: kernel.name(),
                 launches,
                 seconds,
                 // Core replays CPU graphs op by op: every launch is recorded.

@@ -619,7 +619,7 @@ impl Backend for CudaBackend {
         let shared = cfg.shared_bytes.max(variant_smem);
         self.launch_entry(entry, [gx, gy, gz], cfg.block, shared, s, &mut params)?;
         match (&self.timing, timed) {
-            (Some(t), Some(start)) => t.end(kernel, start, s),
+            (Some(t), Some(start)) => t.end(kernel, entry.name, start, s),
             _ => Ok(()),
         }
     }

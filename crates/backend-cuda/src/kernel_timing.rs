@@ -1,5 +1,5 @@
 //! Per-kernel device time for profiling (`STRATA_KERNEL_TIMING=1`): a pair of timing
-//! events around every launch, summed per kernel when [`KernelTiming::drain`] is called.
+//! events around every launch, summed per function (a kernel or its variant) when [`KernelTiming::drain`] is called.
 //! Off by default: the events cost a few µs a launch.
 //!
 //! Eager launches: the pair brackets the kernel, and also any wait for the host to submit
@@ -17,8 +17,9 @@ use strata_core::{KernelId, KernelTime, Result};
 
 use crate::driver::check;
 
-/// One launch's timing events: (kernel, start, end), the events as raw `CUevent`s.
-type EventPair = (KernelId, usize, usize);
+/// One launch's timing events: (kernel, function, start, end), the events as raw
+/// `CUevent`s.
+type EventPair = (KernelId, &'static str, usize, usize);
 
 /// Events of launches not yet summed: (kernel, start, end) as raw `CUevent`s.
 #[derive(Default)]
@@ -76,15 +77,21 @@ impl KernelTiming {
     }
 
     /// Records the end event of the launch that `start` began.
-    pub(crate) fn end(&self, kernel: KernelId, start: usize, s: sys::CUstream) -> Result<()> {
+    pub(crate) fn end(
+        &self,
+        kernel: KernelId,
+        function: &'static str,
+        start: usize,
+        s: sys::CUstream,
+    ) -> Result<()> {
         let capturing = is_capturing(s);
         let e = record(s, capturing)?;
         if capturing {
             let mut c = self.captured.lock().unwrap_or_else(|e| e.into_inner());
-            c.events.push((kernel, start, e));
+            c.events.push((kernel, function, start, e));
         } else {
             let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            p.push((kernel, start, e));
+            p.push((kernel, function, start, e));
         }
         Ok(())
     }
@@ -124,7 +131,7 @@ impl KernelTiming {
         }
         let mut out: Vec<KernelTime> = Vec::new();
         let mut first_err = None;
-        for (kernel, start, end) in pending {
+        for (kernel, function, start, end) in pending {
             let r = elapsed_ms(start, end);
             // SAFETY: events this module created and recorded; destroyed once, here.
             unsafe {
@@ -132,7 +139,7 @@ impl KernelTiming {
                 sys::cuEventDestroy_v2(end as sys::CUevent);
             }
             match r {
-                Ok(ms) => add(&mut out, kernel, ms, false),
+                Ok(ms) => add(&mut out, kernel, function, ms, false),
                 Err(e) => first_err = first_err.or(Some(e)),
             }
         }
@@ -152,10 +159,10 @@ impl KernelTiming {
             .replayed
             .and_then(|r| c.graphs.iter().find(|(g, _)| *g == r))
             .map_or(&[][..], |(_, e)| &e[..]);
-        for &(kernel, start, end) in events {
+        for &(kernel, function, start, end) in events {
             // A pair no replay has recorded yet fails the query and is skipped.
             if let Ok(ms) = elapsed_ms(start, end) {
-                add(&mut out, kernel, ms, true);
+                add(&mut out, kernel, function, ms, true);
             }
         }
         out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
@@ -178,16 +185,26 @@ fn elapsed_ms(start: usize, end: usize) -> Result<f32> {
     Ok(ms)
 }
 
-/// Adds one launch of `kernel` taking `ms` to the per-kernel sums.
-fn add(out: &mut Vec<KernelTime>, kernel: KernelId, ms: f32, one_replay: bool) {
+/// Adds one launch of `kernel` (as `function`) taking `ms` to the per-function sums.
+fn add(
+    out: &mut Vec<KernelTime>,
+    kernel: KernelId,
+    function: &'static str,
+    ms: f32,
+    one_replay: bool,
+) {
     let seconds = f64::from(ms) / 1e3;
-    match out.iter_mut().find(|t| t.kernel == kernel) {
+    match out
+        .iter_mut()
+        .find(|t| t.kernel == kernel && t.function == function)
+    {
         Some(t) => {
             t.launches += 1;
             t.seconds += seconds;
         }
         None => out.push(KernelTime {
             kernel,
+            function,
             launches: 1,
             seconds,
             one_replay,

@@ -24,6 +24,8 @@ pub(crate) const MAX_ARGS: usize = 40;
 #[derive(Clone)]
 pub(crate) struct KernelEntry {
     pub func: sys::CUfunction,
+    /// The function's name in its module (the kernel's, or its variant's).
+    pub name: &'static str,
     /// Byte size of each parameter, when the driver can tell (`cuFuncGetParamInfo`).
     pub params: Option<Vec<usize>>,
     /// Blocks per thread-block cluster the kernel was compiled for (`__cluster_dims__`,
@@ -39,9 +41,10 @@ pub(crate) struct KernelEntry {
 }
 
 impl KernelEntry {
-    fn new(func: sys::CUfunction) -> Self {
+    fn new(func: sys::CUfunction, name: &'static str) -> Self {
         Self {
             func,
+            name,
             params: param_sizes(func),
             cluster_width: cluster_width(func),
             max_dynamic_smem: 0,
@@ -50,10 +53,10 @@ impl KernelEntry {
     }
 
     /// An entry allowed as much dynamic shared memory as the device gives one block.
-    fn with_large_smem(func: sys::CUfunction) -> Self {
+    fn with_large_smem(func: sys::CUfunction, name: &'static str) -> Self {
         Self {
             max_dynamic_smem: raise_dynamic_smem(func),
-            ..Self::new(func)
+            ..Self::new(func, name)
         }
     }
 
@@ -437,7 +440,7 @@ impl KernelTable {
             };
             let pre = match &v.pre {
                 Some(p) => match module.and_then(|&(_, m)| function(m, p.func)) {
-                    Some(pf) => Some(KernelEntry::new(pf)),
+                    Some(pf) => Some(KernelEntry::new(pf, p.func)),
                     None => {
                         tracing::warn!("cuda: {} needs {}, not defined; left out", v.func, p.func);
                         continue;
@@ -453,9 +456,9 @@ impl KernelTable {
                 None => 0,
             };
             let entry = if v.large_smem || min_smem > 0 {
-                KernelEntry::with_large_smem(f)
+                KernelEntry::with_large_smem(f, v.func)
             } else {
-                KernelEntry::new(f)
+                KernelEntry::new(f, v.func)
             };
             if min_smem > entry.max_dynamic_smem {
                 tracing::warn!(
@@ -485,7 +488,7 @@ impl KernelTable {
             };
             let func = function(m, id.name());
             match func {
-                Some(f) => table.entries.push(Some(KernelEntry::new(f))),
+                Some(f) => table.entries.push(Some(KernelEntry::new(f, id.name()))),
                 None => {
                     tracing::warn!(
                         "cuda: kernel {} is not defined in kernels-cuda/{}.cu; it is unsupported",
@@ -752,6 +755,7 @@ mod tests {
         let entry = || {
             Some(KernelEntry {
                 func: std::ptr::null_mut(),
+                name: "test",
                 params: None,
                 cluster_width: 1,
                 max_dynamic_smem: 0,

@@ -426,14 +426,17 @@ pub(crate) const VARIANTS: &[Variant] = &[
         }),
         scratch: false,
     },
-    // One token with float weights (the routers): mul_mat_vec's units, their loads batched
-    // (matvec.cuh's mv_float_rows), in a kernel whose registers are its own.
+    // Up to MVQ_TOKENS tokens with float weights (the routers, a verify window's too):
+    // mul_mat_vec's units, a unit per (token, rows), their loads batched (matvec.cuh's
+    // mv_float_rows), in a kernel whose registers are its own. Each token's row is bit for
+    // bit its one-token product (the tiled mul_mat's too); the weights are read again per
+    // token, from L2 (a router is 1 MiB).
     Variant {
         of: KernelId::MulMat,
         func: "mul_mat_vec_f",
         applies: |a, _| {
             let float = u32_arg(a, 3).is_some_and(|ty| FLOAT_TYPES.contains(&ty));
-            (float && u32_arg(a, 6).is_some_and(|n| n <= 1)).then_some(0)
+            (float && u32_arg(a, 6).is_some_and(|n| n <= MVQ_TOKENS)).then_some(0)
         },
         large_smem: false,
         grid: None,

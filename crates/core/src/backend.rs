@@ -55,6 +55,9 @@ impl BackendKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelTime {
     pub kernel: KernelId,
+    /// The function that ran: the kernel's own name, or the backend's variant of it (a
+    /// verify window's `mul_mat` is not the step's).
+    pub function: &'static str,
     pub launches: u64,
     pub seconds: f64,
     /// The figures are those of the last replay of a captured graph (one step), not of

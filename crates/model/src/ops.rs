@@ -51,12 +51,17 @@ fn mv_blocks(m: u32, other: usize, rows: usize) -> LaunchCfg {
     LaunchCfg::linear(units * (BLOCK / 2) as usize, BLOCK / 2)
 }
 
-/// A one-token product with float weights (no activation to quantise per block, so nothing
-/// is repeated by having more blocks): one-warp blocks of MV_ROWS = 2 rows, four times the
-/// blocks of `mv_blocks` (a 128-row router reaches 64 SMs instead of 16).
-fn mv_float_blocks(m: u32) -> LaunchCfg {
-    LaunchCfg::linear((m as usize).div_ceil(2) * 32, 32)
+/// A product of `n` tokens with float weights (no activation to quantise per block, so
+/// nothing is repeated by having more blocks): one-warp blocks of MV_ROWS = 2 rows per
+/// token, four times the blocks of `mv_blocks` (a 128-row router reaches 64 SMs instead of
+/// 16; a verify window's, 64 blocks a token where the tiled form had 16 in all).
+fn mv_float_blocks(m: u32, n: u32) -> LaunchCfg {
+    LaunchCfg::linear((m as usize).div_ceil(2) * n.max(1) as usize * 32, 32)
 }
+
+/// The most tokens a float-weight product launches as [`mv_float_blocks`] (a verify
+/// window's router; the CUDA backend's mul_mat_vec_f takes as many, variants.rs).
+const MV_FLOAT_MAX_TOKENS: u32 = 8;
 
 /// One block per row of `dim` values, about 8 values a thread (32 to 256 threads).
 fn block_per_row(rows: usize, dim: usize) -> LaunchCfg {
@@ -181,8 +186,8 @@ impl Ops<'_> {
             .u32(n);
         let tiles = (n as usize).div_ceil(MM_TOKENS_PER_TILE);
         let float = matches!(w.ty, QuantType::F32 | QuantType::F16 | QuantType::BF16);
-        let cfg = if n == 1 && float {
-            mv_float_blocks(w.m)
+        let cfg = if float && n <= MV_FLOAT_MAX_TOKENS {
+            mv_float_blocks(w.m, n)
         } else if n == 1 {
             mv_blocks(w.m, 1, 8)
         } else {

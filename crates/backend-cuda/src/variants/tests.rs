@@ -24,14 +24,17 @@ fn variants_apply_to_one_token_launches_only() {
     };
     let v = VARIANTS.iter().find(|v| v.func == "mul_mat_vec").unwrap();
     assert_eq!((v.applies)(&mul_mat(1), 0), Some(0));
-    // Float weights of one token: mul_mat_vec_f, ahead of mul_mat_vec; not Q4_K (12).
+    // Float weights of up to 8 tokens (a step's router, a window's): mul_mat_vec_f, ahead
+    // of mul_mat_vec; not Q4_K (12), not 9 tokens.
     let f = VARIANTS.iter().find(|v| v.func == "mul_mat_vec_f").unwrap();
     assert!((f.applies)(&mul_mat(1), 0).is_none());
     for ty in [0, 1, 30] {
         let mut router = mul_mat(1);
         router[3] = KernelArg::U32(ty);
         assert_eq!((f.applies)(&router, 0), Some(0));
-        router[6] = KernelArg::U32(2);
+        router[6] = KernelArg::U32(8);
+        assert_eq!((f.applies)(&router, 0), Some(0));
+        router[6] = KernelArg::U32(9);
         assert!((f.applies)(&router, 0).is_none());
     }
     let at = |name: &str| VARIANTS.iter().position(|v| v.func == name).unwrap();

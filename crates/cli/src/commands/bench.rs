@@ -175,8 +175,9 @@ fn print_profile_per(what: &str, times: &[strata_core::KernelTime], steps: usize
         }
     );
     eprintln!(
-        "{:<20} {:>9} {:>12} {:>10} {:>7}",
+        "{:<24} {:<32} {:>9} {:>12} {:>10} {:>7}",
         "kernel",
+        "function",
         "launches",
         format!("us/{unit}"),
         "us/launch",
@@ -184,8 +185,9 @@ fn print_profile_per(what: &str, times: &[strata_core::KernelTime], steps: usize
     );
     for t in times {
         eprintln!(
-            "{:<20} {:>9} {:>12.1} {:>10.2} {:>6.1}%",
+            "{:<24} {:<32} {:>9} {:>12.1} {:>10.2} {:>6.1}%",
             t.kernel.name(),
+            t.function,
             t.launches,
             per_step(t.seconds),
             1e6 * t.seconds / t.launches.max(1) as f64,
