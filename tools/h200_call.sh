@@ -18,7 +18,8 @@
 # (window without mul_mat_vec_q8_rows), window-qkv3 / window-qkvbase (window's Q, K, V as
 # three mul_mat / the base mul_mat_qkv instead of mul_mat_qkv_q8_rows), window-noq8 (window without
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
-# smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K). LLAMA=0: depth
+# smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K), ncu-win (a
+# window's own kernels under Nsight Compute). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -170,6 +171,15 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
            ${NCU_ARGS:---section SpeedOfLight} "$S" bench -m "$F" --backend cuda --cpu-threads 16 -p "$d" -n 8 -r 1
          python3 tools/ncu_layer_summary.py "$L/ncu-layer.txt" > "$L/ncu-layer-short.txt"
          head -80 "$L/ncu-layer-short.txt" ;;
+    ncu-win) # every launch of a verify window's own kernels (50% cache, K=4) under Nsight
+         # Compute, after the prompt's and the first windows' (NCU_WIN_SKIP); the kernels a
+         # window shares with a step are ncu-layer's
+         # shellcheck disable=SC2086
+         run ncu-win 200 ncu --kernel-name "regex:${NCU_WIN_KERNELS:-_rows|_window|_multi|qk_norm_rope|q8_qkv$}" \
+           --launch-skip "${NCU_WIN_SKIP:-400}" --launch-count "${NCU_COUNT:-60}" ${NCU_ARGS:---section SpeedOfLight} \
+           $B -p 64 -n 40 -r 1 --spec-window-cost 4
+         python3 tools/ncu_layer_summary.py "$L/ncu-win.txt" > "$L/ncu-win-short.txt"
+         head -70 "$L/ncu-win-short.txt" ;;
     ncu-llama) # shellcheck disable=SC2086
          sec="--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
          wait_llama && run ncu-llama 120 ncu --kernel-name "regex:mul_mat_vec_q" --launch-skip 300 --launch-count 8 $sec \
