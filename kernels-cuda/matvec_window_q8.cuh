@@ -165,3 +165,50 @@ __device__ __forceinline__ void mvwq_unit_of(uint32_t type, const MvwqLaunch& l,
         default: break;
     }
 }
+
+// ---- the same units in mul_mat_vec_q8_rows' form (experts.cu's mul_mat_experts_cached_rows_q8)
+
+// Most warps a block of mul_mat_experts_cached_rows_q8 computes with (a weight row each;
+// the backend sizes the rings' shared memory for them, variants.rs).
+#define MVQE_WARPS 8
+
+// A verify window's expert rows as mvq_tokens_unit's tokens: warp i takes row r0 + i of the
+// expert's matrix at `w` (one unit a call: g is not used), against the pass's n pairs; pair
+// t's activation row and its output (y row) are byte t of `xrows` and of `prs`.
+struct MvqExpertTokens {
+    const uint8_t* w;
+    float* y;
+    const uint8_t* act;
+    uint32_t m, k, nw, n, r0;
+    uint64_t xrows, prs;
+    __device__ __forceinline__ uint32_t row(uint32_t, int warp) const {
+        return (uint32_t)warp < nw ? r0 + (uint32_t)warp : m;
+    }
+    __device__ __forceinline__ const uint8_t* act_row(int t) const {
+        return act + ((xrows >> (8 * t)) & 255) * mvq_row_stride(k);
+    }
+    __device__ __forceinline__ float* out(int t, uint32_t r) const {
+        return y + ((prs >> (8 * t)) & 255) * m + r;
+    }
+};
+
+// Rows r0.. (a row a warp) of the matrix at `w` for the pairs in `mask` (bit p: pair p,
+// activation row p with x_per_slot, else p / n_used), a pass per MVQ_TOKENS of them in pair
+// order, each pass staging the rows again (more than MVQ_TOKENS pairs of one expert: only
+// repeated or invalid ids). `ring`: this warp's `depth` staged steps.
+template <class F>
+__device__ void mvqe_unit(uint4* ring, uint32_t depth, const MvwqLaunch& l, uint32_t nw,
+                          const uint8_t* w, uint32_t r0, uint64_t mask, bool& waited) {
+    while (mask != 0) {
+        uint64_t xrows = 0, prs = 0;
+        uint32_t n = 0;
+        for (; mask != 0 && n < MVQ_TOKENS; n++) {
+            const uint32_t p = (uint32_t)(__ffsll((long long)mask) - 1);
+            mask &= mask - 1;
+            xrows |= (uint64_t)(l.x_per_slot ? p : p / l.n_used) << (8 * n);
+            prs |= (uint64_t)p << (8 * n);
+        }
+        const MvqExpertTokens tok = {w, l.y, l.act, l.m, l.k, nw, n, r0, xrows, prs};
+        mvq_tokens_unit<F>(ring, depth, tok, 0, waited);
+    }
+}

@@ -19,7 +19,7 @@
 # three mul_mat / the base mul_mat_qkv instead of mul_mat_qkv_q8_rows), window-noq8 (window without
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
 # smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K), ncu-win (a
-# window's own kernels under Nsight Compute). LLAMA=0: depth
+# window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -86,6 +86,9 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
               # decode keeps mul_mat_qkv_rope) / as the base mul_mat_qkv's per-token units
               [ "$step" = window-qkv3 ] && sk=$QKV3 || sk=$QKVBASE
               run "$step" 120 env STRATA_CUDA_SKIP="$sk" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+                REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-skip) # the same with WSKIP (comma-separated variants) left out besides the defaults
+              run window-skip 120 env STRATA_CUDA_SKIP="$DEF,${WSKIP:-}" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     window-noq8) # the same without mul_mat_experts_cached_multi_q8 (cached_multi takes the windows)
               run window-noq8 120 env STRATA_CUDA_SKIP="$NOQ8" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \

@@ -579,3 +579,53 @@ fn mul_mat_qkv_q8_rows_takes_windows_whose_formats_share_an_activation() {
     assert_eq!((pre.grid)(&qkv([q4k; 3], m, 2048, 5)), Some(5 * 8));
     assert_eq!((pre.grid)(&qkv([q8_0; 3], m, 576, 3)), Some(3 * 3));
 }
+
+#[test]
+fn cached_experts_rows_q8_takes_the_multi_q8_windows_with_rings_for_eight_warps() {
+    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
+    let cached = |ty: u32, m: u32, k: u32, n: u32, per_slot: u32| {
+        let mut a = vec![buf; 5];
+        a.extend([ty, m, k, n, 8, per_slot, 128].map(KernelArg::U32));
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
+        a
+    };
+    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[pos("mul_mat_experts_cached_rows_q8")];
+    let multi_q8 = &VARIANTS[pos("mul_mat_experts_cached_multi_q8")];
+    assert_eq!(v.of, KernelId::MulMatExpertsCached);
+    assert!(pos("mul_mat_experts_cached_rows_q8") < pos("mul_mat_experts_cached_multi_q8"));
+    assert!(!v.large_smem && !v.scratch && v.grid_exact);
+    // Q4_K (592-byte stages): gate/up rows of 2,048 (two steps), down rows of 768 (one),
+    // 8 rings; Q8_0 rows of 16,384 (16 steps of 1,104 bytes): 5 fit 48 KiB.
+    assert_eq!(
+        (v.applies)(&cached(12, 768, 2048, 5, 0), 0),
+        Some(8 * 2 * 592)
+    );
+    assert_eq!((v.applies)(&cached(12, 2048, 768, 5, 1), 0), Some(8 * 592));
+    assert_eq!(
+        (v.applies)(&cached(8, 768, 16_384, 2, 0), 0),
+        Some(8 * 5 * 1104)
+    );
+    // Exactly the launches the multi form takes, for every format.
+    for ty in 0..64 {
+        for (n, per_slot) in [(1, 0), (2, 0), (5, 1), (8, 0), (9, 0)] {
+            let a = cached(ty, 768, 2048, n, per_slot);
+            assert_eq!(
+                (v.applies)(&a, 0).is_some(),
+                (multi_q8.applies)(&a, 0).is_some(),
+                "{ty} {n}"
+            );
+        }
+    }
+    // Grid: a unit per (pair, 8 rows), capped; 4-warp blocks have units of 4 rows.
+    let grid = v.grid.unwrap();
+    assert_eq!(grid(&cached(12, 40, 2048, 2, 0), 256), Some(16 * 5));
+    assert_eq!(grid(&cached(12, 768, 2048, 5, 0), 256), Some(1024));
+    assert_eq!(grid(&cached(12, 40, 2048, 2, 0), 128), Some(16 * 10));
+    // The same quantised rows as the multi form.
+    let (pre, pre_multi) = (v.pre.as_ref().unwrap(), multi_q8.pre.as_ref().unwrap());
+    assert_eq!(pre.func, pre_multi.func);
+    let a = cached(12, 2048, 768, 5, 1);
+    assert_eq!((pre.grid)(&a), (pre_multi.grid)(&a));
+}
