@@ -9,7 +9,6 @@
 #include "matmul.cuh"
 #include "matvec.cuh"
 #include "slot_units.cuh"
-#include "mma.cuh"  // MMA_SMEM: the rows kernel's rings
 #include "matvec_window.cuh"
 #include "matvec_window_q8.cuh"
 
@@ -181,72 +180,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
         if (s < 0) continue;  // the CPU pool computes this expert's pairs
         const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
         mvwq_unit_of(type, l, slots + (uint64_t)s * slot_bytes + matrix_offset, r0, mask);
-    }
-}
-
-// mul_mat_experts_cached_multi_q8's units in mul_mat_vec_q8_rows' form: a unit is (an expert
-// the window routes to, nw rows), a weight row a warp, its steps staged into the warp's
-// ring of dynamic shared memory all at once (cp.async) and each lane's sub-block decoded
-// once for every pair of the expert (matvec_q8.cuh mvq_tokens_unit, matvec_window_q8.cuh
-// mvqe_unit). Why: the multi form decodes straight from global memory and meets the pairs'
-// activations one after another, a chain of dependent loads a row (1.3x a step's bytes in
-// 2.2x its time). Bit for bit the per-pair kernel (mvq_dot per sub-block, steps added in
-// order with __fadd_rn from 0, warp_sum). quantise_act_q8_window runs just before it, as
-// for the multi form. Blocks of up to MVQE_WARPS warps; a grid-stride loop over the units,
-// whatever the grid (the backend caps it: the window's distinct experts are known only
-// here). What it cannot take (as the multi form, or no ring fits) gets NaN everywhere.
-extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_rows_q8(
-    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
-    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
-    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
-    uint8_t* act) {
-    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
-    __shared__ MvwqShared sh;
-    MMA_SMEM(smem);
-    const uint32_t bytes = mma_smem_size();
-    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQE_WARPS);
-    const uint64_t pairs = (uint64_t)n_tokens * n_used;
-    uint32_t depth = 0, stage = 0;
-    switch (type) {
-#define MVQE_DEPTH(id, F)                                 \
-    case id:                                              \
-        depth = mvq_depth_warps<F, 1>(bytes, k, nw);      \
-        stage = mvq_stage_u4<F>();                        \
-        break;
-        QUANT_FORMATS(MVQE_DEPTH)
-#undef MVQE_DEPTH
-        default: break;
-    }
-    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || mvq_act_type(type) < 0 ||
-        pairs > MVW_PAIRS || k >= 0x80000000u || depth == 0) {
-        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
-        return;
-    }
-    (void)x;
-    const uint32_t groups = (m + nw - 1) / nw;
-    const uint32_t units = (uint32_t)window_keys(sh, ids, (uint32_t)pairs, n_expert) * groups;
-    uint4* ring = (uint4*)smem + (uint64_t)(threadIdx.x >> 5) * depth * stage;
-    const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
-    bool waited = true;
-    for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t rank = un / groups, r0 = (un - rank * groups) * nw;
-        // Block-uniform: every thread sees the same key, table entry and pairs.
-        const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
-        const uint64_t mask = mvwq_pairs_of_key(sh, key, (uint32_t)pairs);
-        if (key < 0) {
-            nan_pair_rows(y, mask, m, r0, nw);
-            continue;
-        }
-        const int32_t s = table[key];
-        if (s < 0) continue;  // the CPU pool computes this expert's pairs
-        const uint8_t* w = slots + (uint64_t)s * slot_bytes + matrix_offset;
-        switch (type) {
-#define MVQE_CASE(id, F) \
-    case id: mvqe_unit<F>(ring, depth, l, nw, w, r0, mask, waited); break;
-            QUANT_FORMATS(MVQE_CASE)
-#undef MVQE_CASE
-            default: break;
-        }
     }
 }
 

@@ -290,38 +290,27 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, uint3
 
 // The rows of mul_mat_vec_q8_rows: as MvqDenseRows (warp i of unit g takes weight row
 // g · nw + i), against n activation rows quantised mvq_row_stride(k) apart from `act`,
-// activation row t's results at y + t · m. What mvq_tokens_unit asks of its tokens: w, m,
-// k and n; row(g, warp), the weight row the warp takes in unit g (m or more: none);
-// act_row(t), activation row t; out(t, row), where row's sum for t goes.
+// activation row t's results at y + t · m.
 struct MvqDenseTokens {
     const uint8_t* w;
     float* y;
     const uint8_t* act;
     uint32_t m, k, nw, n;
-    __device__ __forceinline__ uint32_t row(uint32_t g, int warp) const {
-        return (uint32_t)warp < nw ? g * nw + (uint32_t)warp : m;
-    }
-    __device__ __forceinline__ const uint8_t* act_row(int t) const {
-        return act + (uint64_t)t * mvq_row_stride(k);
-    }
-    __device__ __forceinline__ float* out(int t, uint32_t r) const {
-        return y + (uint64_t)t * m + r;
-    }
 };
 
 // Unit g of mvq_product_tokens (mvq_product for n (1..=MVQ_TOKENS) activation rows at
-// once; also mul_mat_qkv_q8_rows' units, fused.cu, and a verify window's expert rows,
-// matvec_window_q8.cuh): each warp stages its weight row's steps once, decodes each lane's
-// sub-block of a step once, and dots it with every activation row. Row t's sum is formed
-// as mvq_product forms the one row's (the same decode, mvq_dot, steps added in order with
-// __fadd_rn from 0, then warp_sum), so row t of a launch is bit for bit a one-token launch
-// of that row. A row's activation is read as its arithmetic needs it (not a step ahead as
-// in mvq_product: MVQ_TOKENS sums take those registers). The first call of a thread
-// (`waited` false) waits for the previous kernel once its weights are requested. `ring`:
-// this warp's `depth` staged steps. Tok: MvqDenseTokens' members.
-template <class F, class Tok>
-__device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth, const Tok& p,
-                                                uint32_t g, bool& waited) {
+// once; also mul_mat_qkv_q8_rows' units, fused.cu): each warp stages its weight
+// row's steps once, decodes each lane's sub-block of a step once, and dots it with every
+// activation row. Row t's sum is formed as mvq_product forms the one row's (the same
+// decode, mvq_dot, steps added in order with __fadd_rn from 0, then warp_sum), so row t
+// of a launch is bit for bit a one-token launch of that row. A row's activation is read
+// as its arithmetic needs it (not a step ahead as in mvq_product: MVQ_TOKENS sums take
+// those registers). The first call of a thread (`waited` false) waits for the previous
+// kernel once its weights are requested. `ring`: this warp's `depth` staged steps.
+template <class F>
+__device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth,
+                                                const MvqDenseTokens& p, uint32_t g,
+                                                bool& waited) {
     constexpr int SUBS = F::QK / 32;
     constexpr uint32_t STAGE = mvq_stage_u4<F>();
     constexpr uint32_t STEP_BYTES = MM_STEP / F::QK * F::BYTES;
@@ -331,9 +320,9 @@ __device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth, con
     const uint32_t k = p.k, n = p.n;
     const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
     const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
-    // Whole warps only (warp_sum below); a warp past the block's stays out of it.
-    const uint32_t row = p.row(g, warp);
-    const bool mine = row < p.m;
+    // Whole warps only (warp_sum below); a warp past the block's 4 stays out of it.
+    const uint32_t row = g * p.nw + (uint32_t)warp;
+    const bool mine = (uint32_t)warp < p.nw && row < p.m;
     const uint8_t* wr = p.w + (uint64_t)row * row_bytes;
     float acc[MVQ_TOKENS];
 #pragma unroll
@@ -362,23 +351,24 @@ __device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth, con
             const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
             Sub s;
             F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+            const uint8_t* row_act = p.act;  // activation row t's, stepped (registers)
 #pragma unroll
-            for (int t = 0; t < MVQ_TOKENS; t++) {
+            for (int t = 0; t < MVQ_TOKENS; t++, row_act += mvq_row_stride(k)) {
                 if ((uint32_t)t >= n) break;
                 MvqLaneAct a;
-                mvq_load_act<F>({p.act_row(t), k}, v, a);
+                mvq_load_act<F>({row_act, k}, v, a);
                 acc[t] = __fadd_rn(acc[t], mvq_dot<F>(s, a.q, a.d, a.s));
             }
         }
         __syncwarp();  // the ring is refilled by the next chunk
     }
     pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
-    if (!mine) return;
+    if ((uint32_t)warp >= p.nw) return;
 #pragma unroll
     for (int t = 0; t < MVQ_TOKENS; t++) {
         if ((uint32_t)t >= n) break;
         const float out = warp_sum(acc[t]);
-        if (lane == 0) *p.out(t, row) = out;
+        if (lane == 0 && row < p.m) p.y[(uint64_t)t * p.m + row] = out;
     }
 }
 
@@ -394,18 +384,12 @@ __device__ void mvq_product_tokens(uint4* smem, uint32_t depth, const MvqDenseTo
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }
 
-// Steps of each of R rows of F staged per warp, for `nw` warps, in `smem_bytes` of dynamic
-// shared memory (0: none fit).
+// Steps of each of R rows of F staged per warp in `smem_bytes` of dynamic shared memory
+// (0: none fit).
 template <class F, int R>
-__device__ __forceinline__ uint32_t mvq_depth_warps(uint32_t smem_bytes, uint32_t k,
-                                                    uint32_t nw) {
+__device__ __forceinline__ uint32_t mvq_depth(uint32_t smem_bytes, uint32_t k) {
+    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
     const uint32_t fit = smem_bytes / (nw * R * mvq_stage_u4<F>() * 16);
     const uint32_t steps = (k + MM_STEP - 1) / MM_STEP;
     return min(min(fit, (uint32_t)MVQ_MAX_DEPTH), max(steps, 1u));
-}
-
-// mvq_depth_warps for the block's warps up to MVQ_WARPS (the products' 4-warp units).
-template <class F, int R>
-__device__ __forceinline__ uint32_t mvq_depth(uint32_t smem_bytes, uint32_t k) {
-    return mvq_depth_warps<F, R>(smem_bytes, k, (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS));
 }

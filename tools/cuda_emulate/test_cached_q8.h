@@ -1,6 +1,5 @@
-// experts.cu's mul_mat_experts_cached_multi_q8 and mul_mat_experts_cached_rows_q8 (verify
-// windows over activation rows quantised once by quantise_act_q8_window into the scratch;
-// the rows form's weight rows staged in rings of dynamic shared memory) against the per-pair
+// experts.cu's mul_mat_experts_cached_multi_q8 (verify windows over activation rows
+// quantised once by quantise_act_q8_window into the scratch) against the per-pair
 // mul_mat_experts_cached, bit for bit: Qwen3-30B-A3B-like rows (k 768: a short last step;
 // 2,048: two steps), windows of 2..5 tokens of 8 used experts, activations per token and
 // per slot, experts with no slot (rows untouched), ids past n_expert and negative ones
@@ -83,13 +82,10 @@ static void test_cached_q8() {
                 // The backend's grid (a block per unit a window can have) per token, few
                 // blocks per slot (grid-stride), and 4-warp blocks once: each launch of many
                 // 256-thread blocks takes the emulator long.
-                struct Cfg { unsigned g, b; int depth; };
-                std::vector<Cfg> cfgs = {per_slot ? Cfg{3, 256, 0}
-                                                  : Cfg{(unsigned)(std::min(pairs, c.n_exp + 1) * ((c.m + 15) / 16)), 256, 0}};
-                // 4-warp blocks, and for the rows form's rings a step at a time (k 2,048:
-                // two chunks).
-                if (&c == &cases[0]) cfgs.push_back({5, 128, 0});
-                if (&c == &cases[1]) cfgs.push_back({7, 256, 1});
+                struct Cfg { unsigned g, b; };
+                std::vector<Cfg> cfgs = {per_slot ? Cfg{3, 256}
+                                                  : Cfg{(unsigned)(std::min(pairs, c.n_exp + 1) * ((c.m + 15) / 16)), 256}};
+                if (&c == &cases[0]) cfgs.push_back({5, 128});
                 for (const Cfg& g : cfgs) {
                     std::fill(act_buf.begin(), act_buf.end(), poison);
                     std::vector<float> b(a.size(), -7.0f);
@@ -98,32 +94,21 @@ static void test_cached_q8() {
                         kernel(slots.data(), table.data(), x.data(), ids.data(), b.data(), f.id, c.m, c.k,
                                c.n_tokens, n_used, per_slot, c.n_exp, slot_bytes, offset, act);
                     };
-                    // The multi form, then the rows form (its rings: each warp's steps, at
-                    // most 8 of them, or `depth` when the config names one).
-                    for (int rows_form = 0; rows_form < 2; rows_form++) {
-                        std::fill(act_buf.begin(), act_buf.end(), poison);
-                        std::fill(b.begin(), b.end(), -7.0f);
-                        const uint32_t stage = ((1024 / f.qk) * f.bytes + 30) / 16 * 16;
-                        const int steps = (c.k + 1023) / 1024;
-                        emu_dynamic_smem_bytes = std::min(g.b / 32, 8u) * (g.depth ? g.depth : std::min(steps, 8)) * stage;
-                        launch(qgrid, 256, [&] { args(quantise_act_q8_window); });
-                        if (rows_form)
-                            launch(g.g, g.b, [&] { args(mul_mat_experts_cached_rows_q8); });
-                        else
-                            launch(g.g, g.b, [&] { args(mul_mat_experts_cached_multi_q8); });
-                        bool untouched = true, nan_rows = true;
-                        for (int p = 0; p < pairs; p++)
-                            for (int r = 0; r < c.m; r++) {
-                                const float v = b[(size_t)p * c.m + r];
-                                if (ids[p] < 0 || ids[p] >= c.n_exp) nan_rows = nan_rows && std::isnan(v);
-                                else if (table[ids[p]] < 0) untouched = untouched && v == -7.0f;
-                            }
-                        char what[200];
-                        snprintf(what, sizeof what, "mul_mat_experts_cached_%s_q8 %s m %d k %d tokens %d per_slot %d grid %u/%u",
-                                 rows_form ? "rows" : "multi", f.name, c.m, c.k, c.n_tokens, per_slot, g.g, g.b);
-                        report(what,
-                               memcmp(a.data(), b.data(), a.size() * 4) == 0 && untouched && nan_rows ? 0.0 : 1.0, 0);
-                    }
+                    launch(qgrid, 256, [&] { args(quantise_act_q8_window); });
+                    launch(g.g, g.b, [&] { args(mul_mat_experts_cached_multi_q8); });
+                    bool untouched = true, nan_rows = true;
+                    for (int p = 0; p < pairs; p++)
+                        for (int r = 0; r < c.m; r++) {
+                            const float v = b[(size_t)p * c.m + r];
+                            if (ids[p] < 0 || ids[p] >= c.n_exp) nan_rows = nan_rows && std::isnan(v);
+                            else if (table[ids[p]] < 0) untouched = untouched && v == -7.0f;
+                        }
+                    char what[200];
+                    snprintf(what, sizeof what,
+                             "mul_mat_experts_cached_multi_q8 %s m %d k %d tokens %d per_slot %d grid %u/%u",
+                             f.name, c.m, c.k, c.n_tokens, per_slot, g.g, g.b);
+                    report(what, memcmp(a.data(), b.data(), a.size() * 4) == 0 && untouched && nan_rows ? 0.0 : 1.0,
+                           0);
                 }
             }
         }
@@ -143,24 +128,6 @@ static void test_cached_q8() {
                                             n_tokens, 8, 0, 2, 8192, 0, (uint8_t*)act_buf.data());
         });
         nan = nan && std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); });
-        std::fill(y.begin(), y.end(), 0.0f);
-        emu_dynamic_smem_bytes = 8 * 592;
-        launch(4, 256, [&] {
-            mul_mat_experts_cached_rows_q8(slots.data(), table.data(), x.data(), ids.data(), y.data(), ty, 4, 256,
-                                           n_tokens, 8, 0, 2, 8192, 0, (uint8_t*)act_buf.data());
-        });
-        nan = nan && std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); });
     }
-    // The rows form with no room for a ring: NaN.
-    {
-        std::vector<float> y(2 * 8 * 4, 0.0f);
-        emu_dynamic_smem_bytes = 0;
-        launch(4, 256, [&] {
-            mul_mat_experts_cached_rows_q8(slots.data(), table.data(), x.data(), ids.data(), y.data(), q4k.id, 4, 256,
-                                           2, 8, 0, 2, 8192, 0, (uint8_t*)act_buf.data());
-        });
-        nan = nan && std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); });
-    }
-    emu_dynamic_smem_bytes = 0;
-    report("mul_mat_experts_cached_multi_q8 / rows_q8 float weights, 72 pairs or no ring: NaN", nan ? 0.0 : 1.0, 0);
+    report("mul_mat_experts_cached_multi_q8 float weights or 72 pairs: NaN", nan ? 0.0 : 1.0, 0);
 }

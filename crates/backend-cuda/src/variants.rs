@@ -93,19 +93,7 @@ const MVQ_MAX_DEPTH: u32 = 8;
 /// launch they do not take: more than one token, a float format (nothing to quantise), a
 /// row longer than the scratch holds or not whole blocks.
 fn mvq_smem(ty: u32, k: u32, tokens: u32, rows: u32) -> Option<u32> {
-    if tokens != 1 {
-        return None;
-    }
-    mvq_rings_smem(ty, k, MVQ_WARPS.checked_mul(rows)?)
-}
-
-/// Dynamic shared memory for `rings` rings of matvec_q8.cuh's staged steps (a ring per
-/// weight row a block computes at once) of ggml type `ty` and rows of `k` values: up to
-/// MVQ_MAX_DEPTH steps each (mvq_stage_u4: a step's bytes at any alignment, in 16-byte
-/// segments). `None` for a float format (nothing to quantise), a row longer than the
-/// scratch holds or not whole blocks.
-fn mvq_rings_smem(ty: u32, k: u32, rings: u32) -> Option<u32> {
-    if k == 0 || k > MVQ_MAX_K || rings == 0 {
+    if tokens != 1 || k == 0 || k > MVQ_MAX_K {
         return None;
     }
     let t = tensor_core_format(ty)?;
@@ -113,37 +101,10 @@ fn mvq_rings_smem(ty: u32, k: u32, rings: u32) -> Option<u32> {
     let step = u32::try_from(t.row_bytes(1024)?).ok()?;
     let stage = (step + 30) / 16 * 16;
     // At most the 48 KiB a block has without opting in (Q8_0's gate and up rows: 5 steps).
-    let fit = MVQ_SMEM_MAX / (rings * stage);
+    let fit = MVQ_SMEM_MAX / (MVQ_WARPS * rows * stage);
     let depth = k.div_ceil(1024).min(MVQ_MAX_DEPTH).min(fit);
-    (depth > 0).then_some(rings * depth * stage)
+    (depth > 0).then_some(MVQ_WARPS * rows * depth * stage)
 }
-
-/// Warps of mul_mat_experts_cached_rows_q8 that compute (matvec_window_q8.cuh MVQE_WARPS:
-/// a weight row each; ops.rs launches 8-warp blocks).
-const MVQE_WARPS: u32 = 8;
-
-/// Blocks of mul_mat_experts_cached_rows_q8: its units (a routed expert and a row a warp),
-/// for as many experts as the window has pairs, but at most
-/// [`CACHED_ROWS_MAX_BLOCKS`]: the kernel takes its units in a grid-stride loop, and the
-/// blocks past the window's distinct experts (which only the kernel knows) would each read
-/// the ids and leave.
-fn cached_rows_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let (m, n, used, n_expert) = (
-        u32_arg(a, 6)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-        u32_arg(a, 11)?,
-    );
-    let warps = (block_threads / 32).clamp(1, MVQE_WARPS);
-    let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
-    let units = ranks.checked_mul(m.div_ceil(warps))?;
-    Some(units.clamp(1, CACHED_ROWS_MAX_BLOCKS))
-}
-
-/// The cap of [`cached_rows_units`]: about 2.6 times the blocks an H200 holds at once (132
-/// SMs of 3 such blocks), so a 5-token window's ~12 distinct experts (Qwen3-30B-A3B-shaped
-/// gate: 1,152 units of 8 rows) take 1 or 2 units a block.
-const CACHED_ROWS_MAX_BLOCKS: u32 = 1024;
 
 /// Dynamic shared memory a kernel may take without raising its limit.
 const MVQ_SMEM_MAX: u32 = 48 * 1024;
@@ -609,31 +570,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
         grid: None,
         grid_exact: false,
         pre: None,
-        scratch: false,
-    },
-    // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
-    // x_per_slot, n_expert, ...) for a verify window of a quantised format: the units of
-    // mul_mat_experts_cached_multi_q8 (below) in mul_mat_vec_q8_rows' form, a weight row a
-    // warp staged once into shared memory for every pair of its expert (experts.cu); bit for
-    // bit the per-pair kernel. Its grid is capped (a grid-stride loop over the units).
-    Variant {
-        of: KernelId::MulMatExpertsCached,
-        func: "mul_mat_experts_cached_rows_q8",
-        applies: |a, _| {
-            cached_multi_q8_rows(a)?;
-            mvq_rings_smem(u32_arg(a, 5)?, u32_arg(a, 7)?, MVQE_WARPS)
-        },
-        large_smem: false,
-        grid: Some(cached_rows_units),
-        grid_exact: true,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_window",
-            grid: |a| {
-                let (rows, k) = cached_multi_q8_rows(a)?;
-                rows.checked_mul(mvq_quantise_grid(k))
-            },
-            block: 256,
-        }),
         scratch: false,
     },
     // mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
