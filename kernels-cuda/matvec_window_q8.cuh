@@ -26,6 +26,12 @@
 #include "matvec_q8.cuh"
 #include "matvec_window.cuh"
 
+// Activation rows a lane loads at once in mvwq_pass (a link of its chain): 1 holds the
+// fewest registers; more put more loads in flight (STRATA_NVRTC_DEFINES=MVWQ_CHAIN=2).
+#ifndef MVWQ_CHAIN
+#define MVWQ_CHAIN 1
+#endif
+
 // The block's shared memory: only the window's keys (no staged activation).
 struct MvwqShared {
     int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
@@ -92,15 +98,26 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
             F::decode(wr[rr] + at, lane % SUBS, s);
-            uint32_t after = 0;  // 0, after the previous row's sum
+            uint32_t after = 0;  // 0, after the previous link's sums
+            // Links of MVWQ_CHAIN activation rows: their loads in flight together, the
+            // next link's after their sums (each sum is still its pair's alone).
 #pragma unroll
-            for (int i = 0; i < MVW_TOKENS; i++) {
-                if (i >= tn) break;
-                MvqLaneAct a;
-                const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
-                mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
-                acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
-                after = __float_as_uint(acc[rr][i]) & zero;
+            for (int i0 = 0; i0 < MVW_TOKENS; i0 += MVWQ_CHAIN) {
+                if (i0 >= tn) break;
+                MvqLaneAct a[MVWQ_CHAIN];
+#pragma unroll
+                for (int c = 0; c < MVWQ_CHAIN; c++) {
+                    if (i0 + c >= tn) break;
+                    const uint32_t row = (uint32_t)(xr >> (8 * (i0 + c))) & 255;
+                    mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a[c]);
+                }
+#pragma unroll
+                for (int c = 0; c < MVWQ_CHAIN; c++) {
+                    if (i0 + c >= tn) break;
+                    const int i = i0 + c;
+                    acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a[c].q, a[c].d, a[c].s));
+                    after = __float_as_uint(acc[rr][i]) & zero;
+                }
             }
         }
     }

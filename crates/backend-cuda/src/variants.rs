@@ -257,6 +257,22 @@ fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
     ranks.checked_mul(m.div_ceil(rows))
 }
 
+/// Blocks of mul_mat_experts_cached_multi_q8: [`cached_expert_units`], at most
+/// `STRATA_WINDOW_EXPERT_BLOCKS` (unset or 0: no cap). The kernel takes its units in a
+/// grid-stride loop, and the blocks past the window's distinct experts (known only there)
+/// each wait, read the ids and leave. Measurement only, for now.
+fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
+    static CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| {
+        std::env::var("STRATA_WINDOW_EXPERT_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    let units = cached_expert_units(a, block_threads)?;
+    Some(if cap > 0 { units.min(cap) } else { units })
+}
+
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
 /// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
@@ -583,7 +599,7 @@ pub(crate) const VARIANTS: &[Variant] = &[
         func: "mul_mat_experts_cached_multi_q8",
         applies: |a, _| cached_multi_q8_rows(a).map(|_| 0),
         large_smem: false,
-        grid: Some(cached_expert_units),
+        grid: Some(cached_window_q8_blocks),
         grid_exact: false,
         pre: Some(PreLaunch {
             func: "quantise_act_q8_window",
