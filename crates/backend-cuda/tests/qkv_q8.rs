@@ -3,7 +3,10 @@
 //! the GPU against each matrix alone through mul_mat (mul_mat_vec_q8_rows takes those
 //! windows) and against the base mul_mat_qkv (the same device with the variant left out,
 //! `STRATA_CUDA_SKIP=mul_mat_qkv_q8_rows`): bit for bit, launched as ops_decode.rs
-//! launches them. Skips with one line when there is no CUDA device.
+//! launches them. And mul_mat_qkv_rope_q8_rows (the same units, then each head's norms,
+//! rope and K/V append for every token of the window) against the base mul_mat_qkv_rope:
+//! q, k, v, q_out and both cache's rows bit for bit, every ticket back at 0. Skips with one
+//! line when there is no CUDA device.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -93,6 +96,145 @@ fn mul_mat_qkv_q8_rows_is_bit_for_bit_each_matrix_alone() {
             let what = format!("mul_mat_qkv_q8_rows {types:?} {ms:?} k={k} n={n}");
             println!(
                 "{what} vs each matrix alone and mul_mat_qkv: {}",
+                if ok { "bit-exact" } else { "DIFFERENT" }
+            );
+            if !ok {
+                failures.push(what);
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+/// Q, K, V of `n` rows, then their per-head norms, rope and K/V append, in one
+/// mul_mat_qkv_rope launch shaped as ops_decode.rs's (32 query and 4 K/V heads of 128,
+/// NeoX rope, positions 40.., a 64-row cache): q, k, v, q_out and both caches.
+fn qkv_rope(
+    dev: &Device,
+    w: [(&DeviceBuffer<u8>, QuantType); 3],
+    x: &DeviceBuffer<f32>,
+    norms: (&DeviceBuffer<f32>, &DeviceBuffer<f32>),
+    k: usize,
+    n: usize,
+) -> [Vec<f32>; 6] {
+    let s = dev.main_stream();
+    let (heads, kv_heads, hd, ctx) = (32usize, 4usize, 128usize, 64usize);
+    let ms = [heads * hd, kv_heads * hd, kv_heads * hd];
+    let y = ms.map(|m| dev.alloc::<f32>(n * m).unwrap());
+    let q_out = dev.alloc::<f32>(n * ms[0]).unwrap();
+    let caches = [0, 1].map(|_| dev.alloc_from(&vec![7u16; ctx * ms[1]], s).unwrap());
+    let pos: Vec<i32> = (0..n as i32).map(|t| 40 + t).collect();
+    let pos = dev.alloc_from(&pos, s).unwrap();
+    let done = dev
+        .alloc_from(&vec![0u32; 8 * (heads + 2 * kv_heads)], s)
+        .unwrap();
+    let mut args = Args::new();
+    for (b, _) in w {
+        args = args.read(b);
+    }
+    args = args.read(x);
+    for b in &y {
+        args = args.write(b);
+    }
+    let args = args
+        .read(norms.0)
+        .read(norms.1)
+        .read(&pos)
+        .write(&q_out)
+        .write(&caches[0])
+        .write(&caches[1])
+        .read_write(&done);
+    let mut args = args;
+    for (_, ty) in w {
+        args = args.u32(ty.id());
+    }
+    let args = args
+        .u32(k as u32)
+        .u32(n as u32)
+        .u32(heads as u32)
+        .u32(kv_heads as u32)
+        .u32(hd as u32)
+        .u32(ctx as u32)
+        .u32(1)
+        .f32(1e-6)
+        .u32(hd as u32)
+        .u32(2)
+        .f32(1e6)
+        .f32(1.0)
+        .f32(0.0)
+        .f32(1.0)
+        .f32(32.0)
+        .f32(1.0)
+        .u32(4096);
+    let units: usize = ms.iter().map(|m| m.div_ceil(8)).sum();
+    let cfg = LaunchCfg::linear(units * n * 128, 128);
+    dev.launch(KernelId::MulMatQkvRope, &cfg, &args, s).unwrap();
+    let cache = |b: &DeviceBuffer<u16>| -> Vec<f32> {
+        let bits: Vec<u16> = dev.download(b, s).unwrap().wait().unwrap();
+        bits.iter().map(|&h| f32::from(h)).collect()
+    };
+    let [q, kk, v] = y.map(|b| download(dev, &b, s));
+    let tickets: Vec<u32> = dev.download(&done, s).unwrap().wait().unwrap();
+    assert!(tickets.iter().all(|&c| c == 0), "tickets left set");
+    [
+        q,
+        kk,
+        v,
+        download(dev, &q_out, s),
+        cache(&caches[0]),
+        cache(&caches[1]),
+    ]
+}
+
+#[test]
+fn mul_mat_qkv_rope_q8_rows_is_bit_for_bit_the_base_kernel() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "mul_mat_qkv_rope_q8_rows_is_bit_for_bit_the_base_kernel";
+    let skip = "mul_mat_qkv_rope_q8_rows";
+    let (Some(with), Some(without)) = (gpu(test, ""), gpu(test, skip)) else {
+        return;
+    };
+    use QuantType::*;
+    let mut rng = Rng(0x7e57_0f20_e5a1);
+    let mut failures = Vec::new();
+    let k = 2048;
+    for types in [[Q4_K, Q4_K, Q6_K], [Q8_0, Q8_0, Q8_0], [Q4_1, Q4_1, Q5_1]] {
+        let ms = [4096, 512, 512];
+        let ws: Vec<Vec<u8>> = (0..3)
+            .map(|j| random_weights(types[j], ms[j], k, &mut rng))
+            .collect();
+        let x: Vec<f32> = (0..8 * k).map(|i| (1 + i / k) as f32 * rng.f32()).collect();
+        let nq: Vec<f32> = (0..128).map(|_| 0.5 + rng.f32()).collect();
+        let nk: Vec<f32> = (0..128).map(|_| 0.5 + rng.f32()).collect();
+        let on = |dev: &Device| {
+            let s = dev.main_stream();
+            let b: Vec<_> = ws.iter().map(|w| dev.alloc_from(w, s).unwrap()).collect();
+            let f = |v: &Vec<f32>| dev.alloc_from(v, s).unwrap();
+            (b, f(&x), f(&nq), f(&nk))
+        };
+        let ((bw, bx, bq, bk), (tw, tx, tq, tk)) = (on(&with), on(&without));
+        for n in 2..=8 {
+            let a = qkv_rope(
+                &with,
+                [0, 1, 2].map(|j| (&bw[j], types[j])),
+                &bx,
+                (&bq, &bk),
+                k,
+                n,
+            );
+            let b = qkv_rope(
+                &without,
+                [0, 1, 2].map(|j| (&tw[j], types[j])),
+                &tx,
+                (&tq, &tk),
+                k,
+                n,
+            );
+            // The cache rows past the window stay 7 (f16 bits, not a value).
+            let ok = (0..6).all(|i| same_bits(&a[i], &b[i])) && a[3].iter().all(|v| v.is_finite());
+            let what = format!("mul_mat_qkv_rope_q8_rows {types:?} n={n}");
+            println!(
+                "{what} vs the base mul_mat_qkv_rope: {}",
                 if ok { "bit-exact" } else { "DIFFERENT" }
             );
             if !ok {

@@ -579,3 +579,48 @@ fn mul_mat_qkv_q8_rows_takes_windows_whose_formats_share_an_activation() {
     assert_eq!((pre.grid)(&qkv([q4k; 3], m, 2048, 5)), Some(5 * 8));
     assert_eq!((pre.grid)(&qkv([q8_0; 3], m, 576, 3)), Some(3 * 3));
 }
+
+#[test]
+fn qkv_rope_q8_rows_takes_the_windows_mul_mat_qkv_q8_rows_takes() {
+    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
+    // mul_mat_qkv_rope(14 buffers | type_q, type_k, type_v, k, n_tokens, n_head, n_kv_head,
+    // head_dim, n_ctx, norm, eps, rope's 9)
+    let rope = |tq: u32, tk: u32, tv: u32, k: u32, n: u32| {
+        let mut a = vec![buf; 14];
+        a.extend([tq, tk, tv, k, n, 32, 4, 128, 4096, 1].map(KernelArg::U32));
+        a.push(KernelArg::F32(1e-6));
+        a.extend([128, 2].map(KernelArg::U32));
+        a.extend([1e6, 1.0, 0.0, 1.0, 32.0, 1.0].map(KernelArg::F32));
+        a.push(KernelArg::U32(4096));
+        a
+    };
+    // The same launch as mul_mat_qkv: (wq, wk, wv, x, q, k, v | types, m_q, m_k, m_v, k, n)
+    let qkv = |tq: u32, tk: u32, tv: u32, k: u32, n: u32| {
+        let mut a = vec![buf; 7];
+        a.extend([tq, tk, tv, 4096, 512, 512, k, n].map(KernelArg::U32));
+        a
+    };
+    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[pos("mul_mat_qkv_rope_q8_rows")];
+    let rows = &VARIANTS[pos("mul_mat_qkv_q8_rows")];
+    assert_eq!(v.of, KernelId::MulMatQkvRope);
+    assert!(!v.large_smem && !v.scratch && v.grid_exact);
+    for (tq, tk, tv) in [(12, 12, 14), (8, 8, 2), (12, 8, 8), (0, 0, 0)] {
+        for k in [576, 2048, 16_384] {
+            for n in [1, 2, 5, 8, 9] {
+                let (a, b) = (rope(tq, tk, tv, k, n), qkv(tq, tk, tv, k, n));
+                let want = (rows.applies)(&b, 0).filter(|s| s + 8 * 256 * 4 + 16 <= 48 * 1024);
+                assert_eq!((v.applies)(&a, 0), want, "{tq} {tk} {tv} {k} {n}");
+            }
+        }
+    }
+    // Q4_K, Q4_K, Q6_K rows of 2,048: taken, for 2..=8 tokens.
+    assert!((v.applies)(&rope(12, 12, 14, 2048, 5), 0).is_some());
+    assert!((v.applies)(&rope(12, 12, 14, 2048, 1), 0).is_none());
+    // Units of 4 rows (a row a warp): 4,096 Q rows and 512 of K and of V.
+    let grid = v.grid.unwrap();
+    assert_eq!(grid(&rope(12, 12, 14, 2048, 5), 128), Some(1024 + 2 * 128));
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!(pre.func, "quantise_act_q8_qkv_rope");
+    assert_eq!((pre.grid)(&rope(12, 12, 14, 2048, 5)), Some(5 * 8));
+}
