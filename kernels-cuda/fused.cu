@@ -19,7 +19,6 @@
 #include "router.cuh"
 #include "mma.cuh"
 #include "matvec_q8.cuh"
-#include "qk_rope_heads.cuh"
 
 __device__ __forceinline__ bool fused_whole_warps() { return (blockDim.x & 31) == 0; }
 
@@ -136,7 +135,80 @@ extern "C" __global__ void combine_add_rms_norm(const float* ys, const float* we
     }
 }
 
+#define QKR_MAX_HEAD_DIM 256
 #define GU_ROWS (MV_ROWS / 2)  // experts_gate_up: rows per warp per unit (gate and up each)
+#define QKR_WARPS 8
+
+// qk_norm_rope_store's arguments (below), for qkr_head.
+struct QkrArgs {
+    const float* q;
+    const float* k;
+    const float* v;
+    const float* q_norm;
+    const float* k_norm;
+    const int32_t* pos;
+    float* q_out;
+    uint16_t* k_cache;
+    uint16_t* v_cache;
+    uint32_t n_head, n_kv_head, head_dim, n_ctx, norm;
+    float eps;
+    RopeParams p;
+    RopeConsts c;
+};
+
+// qk_norm_rope_store's work for token t's head h (query heads, then K heads, then V heads)
+// by one warp, with `hd` (head_dim floats of shared memory) its buffer. The projections
+// are read through load(p) (a plain load, or one past L1 for rows other blocks of the same
+// launch wrote).
+template <class Load>
+__device__ void qkr_head(Load load, const QkrArgs& a, uint64_t t, uint32_t h, float* hd) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t head_dim = a.head_dim;
+    const uint64_t kv_dim = (uint64_t)a.n_kv_head * head_dim;
+    const int32_t at = a.pos[t];
+    const bool in_ctx = at >= 0 && (uint32_t)at < a.n_ctx;  // the host checked; never write outside
+    if (h >= a.n_head + a.n_kv_head) {
+        const uint32_t hv = h - a.n_head - a.n_kv_head;
+        if (!in_ctx) return;
+        const float* src = a.v + t * kv_dim + (uint64_t)hv * head_dim;
+        uint16_t* dst = a.v_cache + (uint64_t)at * kv_dim + (uint64_t)hv * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(load(src + i));
+        return;
+    }
+    const bool is_q = h < a.n_head;
+    const uint32_t hh = is_q ? h : h - a.n_head;
+    const float* src = is_q ? a.q + (t * a.n_head + hh) * head_dim
+                            : a.k + t * kv_dim + (uint64_t)hh * head_dim;
+    if (a.norm) {
+        // rms_norm of one head row with a 32-thread block (ops.rs's shape for rows of
+        // head_dim <= 256): lane i sums squares i, i + 32, ... in f64.
+        const float* nw = is_q ? a.q_norm : a.k_norm;
+        double sq = 0.0;
+        for (uint32_t i = lane; i < head_dim; i += 32) {
+            const float x = load(src + i);
+            sq += (double)__fmul_rn(x, x);
+        }
+        sq = warp_sum_f64(sq);
+        const double total = 0.0 + sq;
+        const float mean = (float)(total / (double)head_dim);
+        const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, a.eps)));
+        for (uint32_t i = lane; i < head_dim; i += 32)
+            hd[i] = __fmul_rn(__fmul_rn(load(src + i), scale), nw[i]);
+    } else {
+        for (uint32_t i = lane; i < head_dim; i += 32) hd[i] = load(src + i);
+    }
+    __syncwarp();
+    for (uint32_t i = lane; i < a.p.n_rot / 2; i += 32) rope_pair(hd, at, i, a.p, a.c);
+    __syncwarp();
+    if (is_q) {
+        float* dst = a.q_out + (t * a.n_head + hh) * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = hd[i];
+    } else if (in_ctx) {
+        uint16_t* dst = a.k_cache + (uint64_t)at * kv_dim + (uint64_t)hh * head_dim;
+        for (uint32_t i = lane; i < head_dim; i += 32) dst[i] = f32_to_f16(hd[i]);
+    }
+    __syncwarp();  // hd is rewritten for the next head
+}
 
 // Per token: q_out = rope(rms_norm_head(q) · q_norm), K cache row pos[t] = f16(rope(
 // rms_norm_head(k) · k_norm)), V cache row pos[t] = f16(v); with norm == 0 the heads are
@@ -396,64 +468,6 @@ extern "C" __global__ void __launch_bounds__(256)
     if (qkv_q8_ok(type_q, type_k, type_v, k, n)) mvq_quantise_rows(x, act, type_q, k, n);
 }
 
-// Whether every format's ring holds a step in `bytes` (a launch runs all or nothing).
-__device__ __forceinline__ bool qkv_q8_depths_ok(uint32_t type_q, uint32_t type_k,
-                                                 uint32_t type_v, uint32_t bytes, uint32_t k) {
-    bool ok = true;
-#pragma unroll
-    for (int j = 0; j < 3; j++) {
-        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
-#define QKVQ_DEPTH(id, F) \
-    case id: ok = ok && mvq_depth<F, 1>(bytes, k) > 0; break;
-            QUANT_FORMATS(QKVQ_DEPTH)
-#undef QKVQ_DEPTH
-            default: ok = false; break;
-        }
-    }
-    return ok;
-}
-
-// The matrices of a Q, K, V launch over rows quantised once, for qkv_q8_unit.
-struct QkvQ8 {
-    const uint8_t *wq, *wk, *wv;
-    float *yq, *yk, *yv;
-    const uint8_t* act;
-    uint32_t type_q, type_k, type_v, m_q, m_k, m_v, k, n, nw, bytes;
-    __device__ uint32_t units() const {
-        return (m_q + nw - 1) / nw + (m_k + nw - 1) / nw + (m_v + nw - 1) / nw;
-    }
-};
-
-// Unit u of a Q, K, V launch (Q's units, then K's, then V's: mul_mat_vec_q8_rows' of each
-// matrix, matvec_q8.cuh mvq_tokens_unit); its matrix (0, 1, 2) and first row in `j`, `r0`.
-// Each warp's ring at a fixed place, whatever the unit's format: the warps of a block run
-// apart, one may be on Q's rows while another is on K's (mvq_depth fits each format's
-// steps in a warp's share).
-__device__ __forceinline__ void qkv_q8_unit(uint4* smem, const QkvQ8& l, uint32_t u, bool& waited,
-                                            int& j, uint32_t& r0) {
-    uint4* ring = smem + (uint64_t)(threadIdx.x >> 5) * (l.bytes / 16 / l.nw);
-    const uint32_t uq = (l.m_q + l.nw - 1) / l.nw, uk = (l.m_k + l.nw - 1) / l.nw;
-    j = u < uq ? 0 : u < uq + uk ? 1 : 2;
-    const uint32_t g = j == 0 ? u : j == 1 ? u - uq : u - uq - uk;
-    r0 = g * l.nw;
-    const MvqDenseTokens p = {j == 0 ? l.wq : j == 1 ? l.wk : l.wv,
-                              j == 0 ? l.yq : j == 1 ? l.yk : l.yv,
-                              l.act,
-                              j == 0 ? l.m_q : j == 1 ? l.m_k : l.m_v,
-                              l.k,
-                              l.nw,
-                              l.n};
-    switch (j == 0 ? l.type_q : j == 1 ? l.type_k : l.type_v) {
-#define QKVQ_CASE(id, F)                                                        \
-    case id:                                                                    \
-        mvq_tokens_unit<F>(ring, mvq_depth<F, 1>(l.bytes, l.k), p, g, waited);  \
-        break;
-        QUANT_FORMATS(QKVQ_CASE)
-#undef QKVQ_CASE
-        default: break;
-    }
-}
-
 // Up to 80 registers, as mul_mat_vec_q8_rows (8 rows' sums).
 extern "C" __global__ void __launch_bounds__(256, 3)
     mul_mat_qkv_q8_rows(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
@@ -464,20 +478,50 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     MMA_SMEM(smem);
     const uint32_t bytes = mma_smem_size();
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    bool waited = false;
-    if (!qkv_q8_ok(type_q, type_k, type_v, k, n) ||
-        !qkv_q8_depths_ok(type_q, type_k, type_v, bytes, k)) {
+    bool waited = false, ok = qkv_q8_ok(type_q, type_k, type_v, k, n);
+    // Every format's depth must be positive (a launch runs all or nothing).
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_DEPTH(id, F) \
+    case id: ok = ok && mvq_depth<F, 1>(bytes, k) > 0; break;
+            QUANT_FORMATS(QKVQ_DEPTH)
+#undef QKVQ_DEPTH
+            default: ok = false; break;
+        }
+    }
+    if (!ok) {
         pdl_wait();
         fill_nan(yq, (uint64_t)n * m_q);
         fill_nan(yk, (uint64_t)n * m_k);
         return fill_nan(yv, (uint64_t)n * m_v);
     }
     (void)x;
-    const QkvQ8 l = {wq, wk, wv, yq, yk, yv, act, type_q, type_k, type_v, m_q, m_k, m_v, k, n, nw, bytes};
-    int j;
-    uint32_t r0;
-    for (uint32_t u = blockIdx.x; u < l.units(); u += gridDim.x)
-        qkv_q8_unit((uint4*)smem, l, u, waited, j, r0);
+    // Each warp's ring at a fixed place, whatever the unit's format: the warps of a block
+    // run apart, one may be on Q's rows while another is on K's (mvq_depth fits each
+    // format's steps in a warp's share).
+    uint4* ring = (uint4*)smem + (uint64_t)(threadIdx.x >> 5) * (bytes / 16 / nw);
+    const uint32_t uq = (m_q + nw - 1) / nw, uk = (m_k + nw - 1) / nw, uv = (m_v + nw - 1) / nw;
+    for (uint32_t u = blockIdx.x; u < uq + uk + uv; u += gridDim.x) {
+        const int j = u < uq ? 0 : u < uq + uk ? 1 : 2;
+        const uint32_t g = j == 0 ? u : j == 1 ? u - uq : u - uq - uk;
+        const MvqDenseTokens p = {j == 0 ? wq : j == 1 ? wk : wv,
+                                  j == 0 ? yq : j == 1 ? yk : yv,
+                                  act,
+                                  j == 0 ? m_q : j == 1 ? m_k : m_v,
+                                  k,
+                                  nw,
+                                  n};
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_CASE(id, F)                                                         \
+    case id:                                                                     \
+        mvq_tokens_unit<F>(ring, mvq_depth<F, 1>(bytes, k), p, g, waited);         \
+        break;
+            QUANT_FORMATS(QKVQ_CASE)
+#undef QKVQ_CASE
+            default: break;
+        }
+    }
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }
 
@@ -620,94 +664,31 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
         u.r0 = r0;
         u.act_key = t * 4 + mv_act_format(type);
         mv_unit(sh, type, u, staged);
-        // The heads of this unit's rows (at most 32: rows <= 32 · head_dim).
+        // The heads of this unit's rows (at most 32: rows <= 32 · head_dim); a head's
+        // units are those whose rows meet it.
         const uint32_t h0 = u.r0 / head_dim, h1 = (min(u.r0 + rows, m) - 1) / head_dim;
         const uint32_t base = j == 0 ? 0 : j == 1 ? n_head : n_head + n_kv_head;
-        const uint32_t bits =
-            qkr_finished_heads(done + t * heads + base, h0, h1, head_dim, rows, m, finished);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t bits = 0;
+            for (uint32_t h = h0; h <= h1; h++) {
+                const uint32_t first = h * head_dim / rows;
+                const uint32_t last = (min((h + 1) * head_dim, m) - 1) / rows;
+                uint32_t* c = done + t * heads + base + h;
+                if (atomicAdd(c, 1u) == last - first) {
+                    *c = 0;
+                    bits |= 1u << (h - h0);
+                }
+            }
+            finished = bits;
+        }
+        __syncthreads();
+        const uint32_t bits = finished;  // read before the next unit's barrier
         if (bits == 0) continue;
+        __threadfence();
         if (threadIdx.x < 32)
             for (uint32_t h = h0; h <= h1; h++)
                 if (bits >> (h - h0) & 1) qkr_head(load_cg, a, t, base + h, head);
     }
-}
-
-// mul_mat_qkv_rope for a verify window of 2..=MVQ_TOKENS tokens (the CUDA backend's
-// variant, variants.rs): mul_mat_qkv_q8_rows' units over the rows quantised once by
-// quantise_act_q8_qkv_rope (launched just before it, both with mul_mat_qkv_rope's
-// arguments and `act`, the per-stream scratch), then each head finished for every token
-// by the block of the last unit to write one of its rows (a ticket per head in `done`, 0
-// before the launch and after it), a warp a token, as qk_norm_rope_store computes it. So
-// q, k and v are bit for bit mul_mat_qkv_q8_rows', and q_out and the cache rows
-// qk_norm_rope_store's of them: a window's Q, K, V, norms, rope and K/V append in one
-// launch, as a step's (mul_mat_qkv_rope). What it cannot take gets NaN (q, k, v, q_out).
-extern "C" __global__ void __launch_bounds__(256)
-    quantise_act_q8_qkv_rope(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,
-                             const float* x, float* yq, float* yk, float* yv,
-                             const float* q_norm, const float* k_norm, const int32_t* pos,
-                             float* q_out, uint16_t* k_cache, uint16_t* v_cache,
-                             uint32_t* done, uint32_t type_q, uint32_t type_k, uint32_t type_v,
-                             uint32_t k, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head,
-                             uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps,
-                             uint32_t n_rot, uint32_t mode, float freq_base, float freq_scale,
-                             float ext_factor, float attn_factor, float beta_fast,
-                             float beta_slow, uint32_t n_ctx_orig, uint8_t* act) {
-    pdl_begin_release_next();
-    if (qkv_q8_ok(type_q, type_k, type_v, k, n_tokens))
-        mvq_quantise_rows(x, act, type_q, k, n_tokens);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3)
-    mul_mat_qkv_rope_q8_rows(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv,
-                             const float* x, float* yq, float* yk, float* yv,
-                             const float* q_norm, const float* k_norm, const int32_t* pos,
-                             float* q_out, uint16_t* k_cache, uint16_t* v_cache,
-                             uint32_t* done, uint32_t type_q, uint32_t type_k, uint32_t type_v,
-                             uint32_t k, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head,
-                             uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps,
-                             uint32_t n_rot, uint32_t mode, float freq_base, float freq_scale,
-                             float ext_factor, float attn_factor, float beta_fast,
-                             float beta_slow, uint32_t n_ctx_orig, uint8_t* act) {
-    pdl_begin_deferred();  // waits in mvq_tokens_unit, once its weights are requested
-    MMA_SMEM(smem);
-    __shared__ float head[QKR_WARPS][QKR_MAX_HEAD_DIM];
-    __shared__ uint32_t finished;  // bit i: this unit's block finishes its (i + 1)-th head
-    const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
-                          attn_factor, beta_fast, beta_slow, n_ctx_orig};
-    const uint32_t m_q = n_head * head_dim, m_kv = n_kv_head * head_dim;
-    const uint32_t bytes = mma_smem_size();
-    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    bool waited = false;
-    if (!qkv_q8_ok(type_q, type_k, type_v, k, n_tokens) ||
-        !qkv_q8_depths_ok(type_q, type_k, type_v, bytes, k) || blockDim.x > 32 * QKR_WARPS ||
-        head_dim == 0 || head_dim > QKR_MAX_HEAD_DIM || !rope_params_ok(p, head_dim)) {
-        pdl_wait();
-        fill_nan(yq, (uint64_t)n_tokens * m_q);
-        fill_nan(yk, (uint64_t)n_tokens * m_kv);
-        fill_nan(yv, (uint64_t)n_tokens * m_kv);
-        return fill_nan(q_out, (uint64_t)n_tokens * m_q);
-    }
-    (void)x;
-    const QkvQ8 l = {wq,     wk,     wv,     yq, yk, yv,       act, type_q, type_k,
-                     type_v, m_q,    m_kv,   m_kv, k, n_tokens, nw,  bytes};
-    const QkrArgs a = {yq,       yk,       yv,        q_norm,   k_norm, pos, q_out, k_cache,
-                       v_cache,  n_head,   n_kv_head, head_dim, n_ctx,  norm, eps, p,
-                       rope_consts(p)};
-    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    for (uint32_t u = blockIdx.x; u < l.units(); u += gridDim.x) {
-        int j;
-        uint32_t r0;
-        qkv_q8_unit((uint4*)smem, l, u, waited, j, r0);
-        // The heads of this unit's rows (nw <= head_dim rows: at most two).
-        const uint32_t m = j == 0 ? m_q : m_kv;
-        const uint32_t h0 = r0 / head_dim, h1 = (min(r0 + nw, m) - 1) / head_dim;
-        const uint32_t base = j == 0 ? 0 : j == 1 ? n_head : n_head + n_kv_head;
-        const uint32_t bits = qkr_finished_heads(done + base, h0, h1, head_dim, nw, m, finished);
-        if (bits == 0) continue;
-        for (uint32_t h = h0; h <= h1; h++)
-            if (bits >> (h - h0) & 1)
-                for (uint32_t t = (uint32_t)warp; t < n_tokens; t += (uint32_t)nwarps)
-                    qkr_head(load_cg, a, t, base + h, head[warp]);
-    }
-    if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
 }

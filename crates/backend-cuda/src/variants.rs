@@ -158,11 +158,7 @@ fn mvq_rows_smem(ty: u32, k: u32, tokens: u32) -> Option<u32> {
 /// mul_mat_qkv(wq, wk, wv, x, q, k, v | type_q, type_k, type_v, m_q, m_k, m_v, k, n)
 fn qkv_rows_smem(a: &[KernelArg]) -> Option<u32> {
     let (k, n) = (u32_arg(a, 13)?, u32_arg(a, 14)?);
-    qkv_types_smem([u32_arg(a, 7)?, u32_arg(a, 8)?, u32_arg(a, 9)?], k, n)
-}
-
-/// [`qkv_rows_smem`] for Q, K and V of ggml types `types`, rows of `k` values, `n` tokens.
-fn qkv_types_smem(types: [u32; 3], k: u32, n: u32) -> Option<u32> {
+    let types = [u32_arg(a, 7)?, u32_arg(a, 8)?, u32_arg(a, 9)?];
     let act = |ty: u32| Some(strata_quant::scalar_kernels(tensor_core_format(ty)?)?.act);
     let first = act(types[0])?;
     let mut smem = 0;
@@ -182,40 +178,6 @@ fn qkv_rows_grid(a: &[KernelArg], block_threads: u32) -> Option<u32> {
         blocks = blocks.checked_add(mvq_grid(u32_arg(a, i)?, 1, block_threads)?)?;
     }
     Some(blocks)
-}
-
-/// Shared memory mul_mat_qkv_rope_q8_rows has besides its rings (fused.cu: a head row of
-/// QKR_MAX_HEAD_DIM floats for each of QKR_WARPS warps, and its ticket bits).
-const QKV_ROPE_ROWS_STATIC_SMEM: u32 = 8 * 256 * 4 + 16;
-
-/// Q, K and V rows of mul_mat_qkv_rope's arguments: (m_q, m_kv), from n_head, n_kv_head
-/// and head_dim.
-/// mul_mat_qkv_rope(.. 14 buffers | type_q, type_k, type_v, k, n_tokens, n_head, n_kv_head,
-/// head_dim, ..)
-fn qkv_rope_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    let (n_head, n_kv_head, head_dim) = (u32_arg(a, 19)?, u32_arg(a, 20)?, u32_arg(a, 21)?);
-    Some((
-        n_head.checked_mul(head_dim)?,
-        n_kv_head.checked_mul(head_dim)?,
-    ))
-}
-
-/// Dynamic shared memory mul_mat_qkv_rope_q8_rows takes: as mul_mat_qkv_q8_rows
-/// ([`qkv_rows_smem`]'s rule over mul_mat_qkv_rope's arguments), when its rings and the
-/// head rows fit a block's 48 KiB.
-fn qkv_rope_rows_smem(a: &[KernelArg]) -> Option<u32> {
-    let (k, n) = (u32_arg(a, 17)?, u32_arg(a, 18)?);
-    qkv_rope_rows(a)?;
-    let types = [u32_arg(a, 14)?, u32_arg(a, 15)?, u32_arg(a, 16)?];
-    let smem = qkv_types_smem(types, k, n)?;
-    (smem + QKV_ROPE_ROWS_STATIC_SMEM <= MVQ_SMEM_MAX).then_some(smem)
-}
-
-/// Blocks of mul_mat_qkv_rope_q8_rows: mvq_grid's units of Q, then K, then V.
-fn qkv_rope_rows_grid(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let (m_q, m_kv) = qkv_rope_rows(a)?;
-    let kv = mvq_grid(m_kv, 1, block_threads)?;
-    mvq_grid(m_q, 1, block_threads)?.checked_add(kv.checked_mul(2)?)
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -555,26 +517,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
         pre: Some(PreLaunch {
             func: "quantise_act_q8_qkv",
             grid: |a| u32_arg(a, 14)?.checked_mul(mvq_quantise_grid(u32_arg(a, 13)?)),
-            block: 256,
-        }),
-        scratch: false,
-    },
-    // mul_mat_qkv_rope(wq, wk, wv, x, q, k, v, q_norm, k_norm, pos, q_out, k_cache,
-    // v_cache, done | type_q, type_k, type_v, k, n_tokens, n_head, n_kv_head, head_dim, ..)
-    // for a verify window of 2..=8 tokens: mul_mat_qkv_q8_rows' units, then each head's
-    // norm, rope and K/V append for every token by the last unit of the head (fused.cu); q,
-    // k, v, q_out and the cache rows bit for bit mul_mat_qkv_q8_rows' and
-    // qk_norm_rope_store's. One-token launches keep the kernel.
-    Variant {
-        of: KernelId::MulMatQkvRope,
-        func: "mul_mat_qkv_rope_q8_rows",
-        applies: |a, _| qkv_rope_rows_smem(a),
-        large_smem: false,
-        grid: Some(qkv_rope_rows_grid),
-        grid_exact: true,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_qkv_rope",
-            grid: |a| u32_arg(a, 18)?.checked_mul(mvq_quantise_grid(u32_arg(a, 17)?)),
             block: 256,
         }),
         scratch: false,

@@ -227,9 +227,7 @@ impl Ops<'_> {
 
     /// [`Ops::mul_mat_qkv`] (q, k, v: `y`), then [`Ops::qk_norm_rope_store`] of them into
     /// `q_out` and the caches, in one launch. `done` holds one u32 counter per (token,
-    /// head), all 0 (the kernel leaves them at 0). For a verify window as
-    /// [`Ops::qkv_in_one_launch`] takes it (the CUDA backend's mul_mat_qkv_rope_q8_rows:
-    /// a counter per head).
+    /// head), all 0 (the kernel leaves them at 0).
     #[allow(clippy::too_many_arguments)]
     pub fn mul_mat_qkv_rope(
         &self,
