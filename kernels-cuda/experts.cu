@@ -164,9 +164,8 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
     if (blockIdx.x >= pairs * groups) return;
     // 32-bit unit arithmetic (64 keys x groups), fewer registers held across the units.
     const uint32_t units = (uint32_t)window_keys(sh, ids, (uint32_t)pairs, n_expert) * groups;
-    // Grid-stride: the backend's grid (variants.rs cached_expert_units) has a block for
-    // every unit a window can have, so a block takes one unit; contiguous ranges of units
-    // would change nothing there.
+    // Grid-stride: the backend's grid (variants.rs cached_window_q8_blocks) is one wave at
+    // most, so a block computes the window's keys once for several units.
     for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
         const uint32_t rank = un / groups, r0 = (un - rank * groups) * rows;
         // Block-uniform: every thread sees the same key, table entry and pairs.

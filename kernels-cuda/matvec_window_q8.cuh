@@ -26,12 +26,6 @@
 #include "matvec_q8.cuh"
 #include "matvec_window.cuh"
 
-// Activation rows a lane loads at once in mvwq_pass (a link of its chain): 1 holds the
-// fewest registers; more put more loads in flight (STRATA_NVRTC_DEFINES=MVWQ_CHAIN=2).
-#ifndef MVWQ_CHAIN
-#define MVWQ_CHAIN 1
-#endif
-
 // The block's shared memory: only the window's keys (no staged activation).
 struct MvwqShared {
     int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
@@ -75,7 +69,8 @@ __device__ __forceinline__ uint64_t mvwq_opaque(uint64_t v) {
 // An activation row's address depends on the previous row's sum (through a zero ptxas
 // cannot see, k >> 31 with k < 2^31), and the packed rows are opaque per step: otherwise
 // ptxas requests all eight rows' activations at once and holds their addresses across
-// the loop, 128 registers or spills.
+// the loop, 128 registers or spills. (Two rows' loads in flight at once, H200: a window
+// 0.2-0.4 ms slower.)
 template <class F>
 __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* const* wr,
                                           const uint32_t* rows, uint64_t pass, uint64_t xrows,
@@ -98,26 +93,15 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
             F::decode(wr[rr] + at, lane % SUBS, s);
-            uint32_t after = 0;  // 0, after the previous link's sums
-            // Links of MVWQ_CHAIN activation rows: their loads in flight together, the
-            // next link's after their sums (each sum is still its pair's alone).
+            uint32_t after = 0;  // 0, after the previous row's sum
 #pragma unroll
-            for (int i0 = 0; i0 < MVW_TOKENS; i0 += MVWQ_CHAIN) {
-                if (i0 >= tn) break;
-                MvqLaneAct a[MVWQ_CHAIN];
-#pragma unroll
-                for (int c = 0; c < MVWQ_CHAIN; c++) {
-                    if (i0 + c >= tn) break;
-                    const uint32_t row = (uint32_t)(xr >> (8 * (i0 + c))) & 255;
-                    mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a[c]);
-                }
-#pragma unroll
-                for (int c = 0; c < MVWQ_CHAIN; c++) {
-                    if (i0 + c >= tn) break;
-                    const int i = i0 + c;
-                    acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a[c].q, a[c].d, a[c].s));
-                    after = __float_as_uint(acc[rr][i]) & zero;
-                }
+            for (int i = 0; i < MVW_TOKENS; i++) {
+                if (i >= tn) break;
+                MvqLaneAct a;
+                const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
+                mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
+                acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
+                after = __float_as_uint(acc[rr][i]) & zero;
             }
         }
     }

@@ -90,14 +90,13 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
     window-skip) # the same with WSKIP (comma-separated variants) left out besides the defaults
               run window-skip 120 env STRATA_CUDA_SKIP="$DEF,${WSKIP:-}" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
-    window-grid) # the window with each kernel-cache variant of WIN_KC (names in /tmp/kc) and each
-              # cap of WIN_CAPS on the window expert kernel's blocks (0: none), REPS=2 each
-              for v in ${WIN_KC:-default}; do for cap in ${WIN_CAPS:-0}; do
+    window-grid) # the window with each kernel-cache variant of WIN_KC (names in /tmp/kc), REPS=2 each
+              for v in ${WIN_KC:-default}; do
                 defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
-                run "window-$v-$cap" 90 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
-                  STRATA_WINDOW_EXPERT_BLOCKS="$cap" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
+                run "window-$v" 90 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
+                  STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                   REPS=2 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
-              done; done ;;
+              done ;;
     window-noq8) # the same without mul_mat_experts_cached_multi_q8 (cached_multi takes the windows)
               run window-noq8 120 env STRATA_CUDA_SKIP="$NOQ8" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;

@@ -258,20 +258,19 @@ fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
 }
 
 /// Blocks of mul_mat_experts_cached_multi_q8: [`cached_expert_units`], at most
-/// `STRATA_WINDOW_EXPERT_BLOCKS` (unset or 0: no cap). The kernel takes its units in a
-/// grid-stride loop, and the blocks past the window's distinct experts (known only there)
-/// each wait, read the ids and leave. Measurement only, for now.
+/// [`CACHED_WINDOW_MAX_BLOCKS`]. The kernel takes its units in a grid-stride loop; a block
+/// past the window's distinct experts (known only there) would wait, read the ids and
+/// leave, and each block computes the window's keys once for all its units.
 fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    static CAP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let cap = *CAP.get_or_init(|| {
-        std::env::var("STRATA_WINDOW_EXPERT_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    });
-    let units = cached_expert_units(a, block_threads)?;
-    Some(if cap > 0 { units.min(cap) } else { units })
+    Some(cached_expert_units(a, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
 }
+
+/// One wave of mul_mat_experts_cached_multi_q8 on an H200 (132 SMs of 3 blocks: its
+/// `__launch_bounds__(256, 3)`). H200, Qwen3-30B-A3B-shaped Q4_K, 50% cache, K=4: a window
+/// 10.37 ms with this cap against 10.80 with a block per unit a window could have
+/// (`tools/h200_call.sh window-grid`, REPS=2). Any grid gives the same results; a GPU with
+/// fewer SMs runs more than a wave.
+const CACHED_WINDOW_MAX_BLOCKS: u32 = 396;
 
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,

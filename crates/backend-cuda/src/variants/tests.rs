@@ -158,12 +158,18 @@ fn cached_experts_multi_q8_takes_quantised_windows_whose_rows_fit_the_scratch() 
         }
     }
     assert!((v.applies)(&cached(39, 4096, 5, 1), 0).is_some()); // MXFP4
-    // The same units and grid as the other.
+    // The other's grid, one H200 wave at most (396 blocks): 2 tokens' 16 pairs of 768
+    // rows have 16 x 48 units, 5 tokens' 40 x 48.
     let (grid, grid_multi) = (v.grid.unwrap(), multi.grid.unwrap());
-    assert_eq!(
-        grid(&cached(12, 2048, 5, 0), 256),
-        grid_multi(&cached(12, 2048, 5, 0), 256)
-    );
+    assert_eq!(grid_multi(&cached(12, 2048, 5, 0), 256), Some(40 * 48));
+    assert_eq!(grid(&cached(12, 2048, 5, 0), 256), Some(396));
+    let small = |n| {
+        let mut a = cached(12, 2048, n, 0);
+        a[6] = KernelArg::U32(40); // 40 rows: 3 units of 16 per pair
+        a
+    };
+    assert_eq!(grid(&small(2), 256), Some(16 * 3));
+    assert_eq!(grid(&small(2), 256), grid_multi(&small(2), 256));
     // Every activation row quantised first: a token's rows, or a row per pair; 256 values
     // a block.
     let pre = v.pre.as_ref().unwrap();
