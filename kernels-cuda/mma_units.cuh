@@ -72,11 +72,7 @@ __device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const E
             if (threadIdx.x == 0) *count = 0;
             __syncthreads();
             const uint64_t w1 = min(slots, w0 + list_cap);
-            for (uint64_t s = w0 + threadIdx.x; s < w1; s += blockDim.x) {
-                const int32_t id = ids[s];
-                if (e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS))
-                    list[atomicAdd(count, 1)] = (uint32_t)s;
-            }
+            list_expert_slots(ids, w0, w1, e, list, count);
             __syncthreads();
             const int n = *count;
             if (n == 0) continue;

@@ -22,6 +22,7 @@
 #include "quant.cuh"
 #include "matmul.cuh"
 #include "mma.cuh"
+#include "slot_units.cuh"  // list_expert_slots
 
 #define MMQ_ROWS 128    // weight rows per unit
 #define MMQ_TOKENS 64   // tokens per tile
@@ -444,11 +445,7 @@ __device__ void mmq_expert_units(const uint32_t* present, const ExpertRanks& ran
         __syncthreads();
         for (uint64_t w0 = 0; w0 < slots; w0 += MMQ_WINDOW) {
             const uint64_t w1 = min(slots, w0 + MMQ_WINDOW);
-            for (uint64_t sl = w0 + threadIdx.x; sl < w1; sl += blockDim.x) {
-                const int32_t id = ids[sl];
-                if (e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS))
-                    list[atomicAdd(count, 1)] = (uint32_t)sl;
-            }
+            list_expert_slots(ids, w0, w1, e, list, count);
             __syncthreads();
             const int n = *count;
             __syncthreads();  // every thread has n before anyone changes it

@@ -139,6 +139,18 @@ __device__ __forceinline__ void collect_expert_pairs(const int32_t* ids, uint64_
     }
 }
 
+// Appends to `list` (through the shared `count`) the slots in [w0, w1) routed to expert e
+// (e < 0: the invalid ids), in no set order. Every thread of the block calls it; the caller
+// syncs before reading the list.
+__device__ __forceinline__ void list_expert_slots(const int32_t* ids, uint64_t w0, uint64_t w1,
+                                                  int e, uint32_t* list, int* count) {
+    for (uint64_t s = w0 + threadIdx.x; s < w1; s += blockDim.x) {
+        const int32_t id = ids[s];
+        if (e >= 0 ? id == e : (id < 0 || id >= MOE_MAX_EXPERTS))
+            list[atomicAdd(count, 1)] = (uint32_t)s;
+    }
+}
+
 // A grouped unit's gathered rows: the pairs of the current tile (activation row, slot).
 struct ExpertTiles {
     uint32_t x[MM_TOKENS], y[MM_TOKENS];
