@@ -1,5 +1,6 @@
-//! Per-kernel device time for profiling (`STRATA_KERNEL_TIMING=1`): a pair of timing
-//! events around every launch, summed per function (a kernel or its variant) when [`KernelTiming::drain`] is called.
+//! Per-function device time for profiling (`STRATA_KERNEL_TIMING=1`): a pair of timing
+//! events around every launch, summed per function (a kernel or the variant that ran) when
+//! [`KernelTiming::drain`] is called.
 //! Off by default: the events cost a few µs a launch.
 //!
 //! Eager launches: the pair brackets the kernel, and also any wait for the host to submit
@@ -21,7 +22,7 @@ use crate::driver::check;
 /// `CUevent`s.
 type EventPair = (KernelId, &'static str, usize, usize);
 
-/// Events of launches not yet summed: (kernel, start, end) as raw `CUevent`s.
+/// Events of launches not yet summed ([`EventPair`]s).
 #[derive(Default)]
 pub(crate) struct KernelTiming {
     pending: Mutex<Vec<EventPair>>,
