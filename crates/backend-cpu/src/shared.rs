@@ -137,7 +137,7 @@ impl Shared {
         }
     }
 
-    /// Checks (sanitizer) and locks `accesses` (each buffer once, in id order), then runs
+    /// Locks `accesses` (each buffer once, in id order), checks them (sanitizer), then runs
     /// `body` with (pointer, length) for each access in the given order.
     pub(crate) fn with_locked<R>(
         &self,
@@ -146,6 +146,20 @@ impl Shared {
         accesses: &[(Arc<CpuBuffer>, Access)],
         body: impl FnOnce(&[(*mut u8, usize)]) -> R,
     ) -> R {
+        let mut order: Vec<usize> = (0..accesses.len()).collect();
+        order.sort_by_key(|&i| accesses[i].0.id);
+        let mut guards: Vec<Option<Guard<'_>>> = (0..accesses.len()).map(|_| None).collect();
+        for &i in &order {
+            let (b, a) = &accesses[i];
+            guards[i] = Some(if a.writes() {
+                Guard::W(b.data.write().unwrap_or_else(|e| e.into_inner()))
+            } else {
+                Guard::R(b.data.read().unwrap_or_else(|e| e.into_inner()))
+            });
+        }
+        // Checked while the data locks are held, so the sanitizer sees conflicting
+        // accesses in the order they touched the bytes (a check before the lock could be
+        // overtaken by the access it names).
         if self.opts.sanitize {
             let now = Stamp {
                 stream: ctx.stream,
@@ -164,17 +178,6 @@ impl Shared {
             if !found.is_empty() {
                 lock(&self.hazards).extend(found);
             }
-        }
-        let mut order: Vec<usize> = (0..accesses.len()).collect();
-        order.sort_by_key(|&i| accesses[i].0.id);
-        let mut guards: Vec<Option<Guard<'_>>> = (0..accesses.len()).map(|_| None).collect();
-        for &i in &order {
-            let (b, a) = &accesses[i];
-            guards[i] = Some(if a.writes() {
-                Guard::W(b.data.write().unwrap_or_else(|e| e.into_inner()))
-            } else {
-                Guard::R(b.data.read().unwrap_or_else(|e| e.into_inner()))
-            });
         }
         let ptrs: Vec<(*mut u8, usize)> = guards
             .iter()

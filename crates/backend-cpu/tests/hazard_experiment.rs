@@ -8,10 +8,8 @@ use strata_core::{Args, Error, HazardKind, KernelId, LaunchCfg};
 const N: usize = 96 * 1024 / 4;
 const ITERATIONS: u32 = 2000;
 
-/// One experiment at a time. The unordered run's count of findings depends on how its
-/// detached uploads interleave with the reader (the sanitizer keeps each stream's last read
-/// of a buffer): with the other tests' devices busy beside it, the reader ran ahead of the
-/// delayed uploads and one run reported 1,755 findings for 2,000 pairs (CI, session 15).
+/// One experiment at a time: the unordered run's findings depend on how its detached
+/// uploads interleave with the reader, so it runs without the other tests' devices beside it.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn sanitized() -> strata_core::Device {
@@ -23,38 +21,85 @@ fn sanitized() -> strata_core::Device {
     .expect("cpu device")
 }
 
-/// Returns (stale readers, hazards reported) for the unordered upload path.
-fn unordered_run(dev: &strata_core::Device) -> (u32, usize) {
+/// Launches `CheckTable` on `stream`: flags[slot] becomes 1 when any of the table's values
+/// differs from `expected`. Returns the launch's site, the one a finding names.
+#[track_caller]
+fn check_table(
+    dev: &strata_core::Device,
+    table: &strata_core::DeviceBuffer<i32>,
+    flags: &strata_core::DeviceBuffer<u32>,
+    expected: i32,
+    slot: u32,
+    stream: strata_core::Stream,
+) -> String {
+    dev.launch(
+        KernelId::CheckTable,
+        &LaunchCfg::linear(N, 256),
+        &Args::new()
+            .read(table)
+            .write(flags)
+            .u32(N as u32)
+            .i32(expected)
+            .u32(slot),
+        stream,
+    )
+    .unwrap();
+    std::panic::Location::caller().to_string()
+}
+
+/// What one unordered run saw.
+struct Outcome {
+    /// Readers that saw a table other than their own upload's.
+    stale: u32,
+    /// Readers that ran after some upload had landed (the table was no longer zero).
+    landed: u32,
+    /// Read-after-write findings naming the landed check's launch.
+    landed_findings: usize,
+    /// Write-after-read findings: an upload landing after reads it was not ordered with.
+    write_after_read: usize,
+    hazards: usize,
+}
+
+fn unordered_run(dev: &strata_core::Device) -> Outcome {
     let reader = dev.create_stream().unwrap();
+    // Zeroed at allocation; every upload below writes i + 1, so zero means "none landed".
     let table = dev.alloc::<i32>(N).unwrap();
-    let flags = dev.alloc::<u32>(ITERATIONS as usize).unwrap();
-    dev.upload(&flags, &vec![0u32; ITERATIONS as usize], reader)
-        .unwrap();
-    let mut hazards = 0;
+    let stale_flags = dev.alloc::<u32>(ITERATIONS as usize).unwrap();
+    let landed_flags = dev.alloc::<u32>(ITERATIONS as usize).unwrap();
+    let zeros = vec![0u32; ITERATIONS as usize];
+    dev.upload(&stale_flags, &zeros, reader).unwrap();
+    dev.upload(&landed_flags, &zeros, reader).unwrap();
+    let mut landed_site = String::new();
     for i in 0..ITERATIONS {
-        dev.upload_unordered(&table, &vec![i as i32; N]).unwrap();
-        dev.launch(
-            KernelId::CheckTable,
-            &LaunchCfg::linear(N, 256),
-            &Args::new()
-                .read(&table)
-                .write(&flags)
-                .u32(N as u32)
-                .i32(i as i32)
-                .u32(i),
-            reader,
-        )
-        .unwrap();
+        let value = i as i32 + 1;
+        dev.upload_unordered(&table, &vec![value; N]).unwrap();
+        check_table(dev, &table, &stale_flags, value, i, reader);
+        landed_site = check_table(dev, &table, &landed_flags, 0, i, reader);
     }
     // Let everything land; the findings come back as the synchronisation's error.
-    match dev.synchronize() {
-        Err(Error::Hazards(h)) => hazards += h.len(),
+    let mut found = match dev.synchronize() {
+        Err(Error::Hazards(h)) => h,
         Err(e) => panic!("{e}"),
-        Ok(()) => {}
+        Ok(()) => Vec::new(),
+    };
+    found.extend(dev.take_hazards());
+    let count = |flags: &strata_core::DeviceBuffer<u32>| {
+        let seen = dev.download(flags, reader).unwrap().wait().unwrap();
+        seen.iter().filter(|&&f| f != 0).count() as u32
+    };
+    Outcome {
+        stale: count(&stale_flags),
+        landed: count(&landed_flags),
+        landed_findings: found
+            .iter()
+            .filter(|h| h.kind == HazardKind::ReadAfterWrite && h.site == landed_site)
+            .count(),
+        write_after_read: found
+            .iter()
+            .filter(|h| h.kind == HazardKind::WriteAfterRead)
+            .count(),
+        hazards: found.len(),
     }
-    hazards += dev.take_hazards().len();
-    let seen = dev.download(&flags, reader).unwrap().wait().unwrap();
-    (seen.iter().filter(|&&f| f != 0).count() as u32, hazards)
 }
 
 #[test]
@@ -62,17 +107,27 @@ fn unordered_upload_is_caught_every_time() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for run in 0..2 {
         let dev = sanitized();
-        let (stale, hazards) = unordered_run(&dev);
+        let o = unordered_run(&dev);
         eprintln!(
-            "unordered upload, run {run}: {stale} of {ITERATIONS} readers saw a stale table; sanitizer reported {hazards} hazards"
+            "unordered upload, run {run}: {} of {ITERATIONS} readers saw a stale table, {} ran after an upload had landed; sanitizer reported {} hazards ({} on the landed check, {} write-after-read)",
+            o.stale, o.landed, o.hazards, o.landed_findings, o.write_after_read
         );
-        // Every upload/reader pair is unordered, whichever runs first: one finding each.
-        assert!(
-            hazards >= ITERATIONS as usize,
-            "sanitizer missed unordered pairs: {hazards}"
+        // The sanitizer keeps a buffer's last write and each stream's last read since it.
+        // The reader never waits on the upload queue, so every read that ran after an
+        // upload had landed is its own finding, exactly: it checks under the data lock.
+        assert_eq!(
+            o.landed_findings, o.landed as usize,
+            "a read after an unordered upload went unreported (or a read before any upload was reported)"
         );
+        // A read that ran before every upload is named when the first upload lands.
+        if o.landed < ITERATIONS {
+            assert!(
+                o.write_after_read >= 1,
+                "reads ran before the first upload landed and no upload was reported after them"
+            );
+        }
         assert!(
-            stale > 0,
+            o.stale > 0,
             "with the simulated DMA delay some readers must see the old table"
         );
     }
