@@ -11,8 +11,6 @@
 #include "slot_units.cuh"
 #include "matvec_window.cuh"
 #include "matvec_window_q8.cuh"
-#include "mma.cuh"
-#include "mma_units.cuh"
 
 // Rows r0..r0 + rows (below m) of every pair in `mask` set to NaN: a window unit whose key
 // is invalid (the two window kernels below).
@@ -181,67 +179,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
         if (s < 0) continue;  // the CPU pool computes this expert's pairs
         const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
         mvwq_unit_of(type, l, slots + (uint64_t)s * slot_bytes + matrix_offset, r0, mask);
-    }
-}
-
-// Resident experts through the residency table (mul_mat_experts_cached_mma): an id outside
-// [0, n_expert) gives NaN rows, an expert with no slot is left to the CPU pool.
-struct MmaCachedExperts {
-    const uint8_t* slots;
-    const int32_t* table;
-    uint32_t n_expert;
-    uint64_t slot_bytes, matrix_offset;
-    __device__ MmaExpertWeights operator()(int e) const {
-        if (e < 0 || (uint32_t)e >= n_expert) return {nullptr, false};
-        const int32_t s = table[e];
-        if (s < 0) return {nullptr, true};
-        return {slots + (uint64_t)s * slot_bytes + matrix_offset, false};
-    }
-};
-
-// mul_mat_experts_cached for verify windows on tensor cores (mma_units.cuh's grouped expert
-// units): a unit per (resident expert the window routes to, 64 weight rows), its rows
-// staged once in shared memory for all the expert's pairs (a window routes a token to an
-// expert once, so a tile of 8 tokens holds them), each row fragment's K split between two
-// warps (mma_tile). Why: the dot-product form (mul_mat_experts_cached_multi_q8) pays a
-// chain of dependent loads per pair and weight row; here a pair costs an mma per half
-// sub-block. Bit for bit the per-pair kernel: mma.cuh's sums are matmul.cuh's, whose
-// one-row unit is matvec.cuh's. Needs the dynamic shared memory the backend sizes for
-// (type, k), a tile of 8 tokens and the pair list (variants.rs); without it, or for a
-// format with no tensor-core path, NaN everywhere.
-// Blocks an SM (STRATA_NVRTC_DEFINES can say 1: no spills, half the blocks a wave).
-#ifndef CACHED_MMA_MIN_BLOCKS
-#define CACHED_MMA_MIN_BLOCKS 2
-#endif
-extern "C" __global__ void __launch_bounds__(256, CACHED_MMA_MIN_BLOCKS) mul_mat_experts_cached_mma(
-    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
-    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
-    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset) {
-    pdl_begin();
-    MMA_SMEM(smem);
-    __shared__ uint32_t present[MOE_MAX_EXPERTS / 32];
-    __shared__ uint32_t tile_x[32], tile_y[32];
-    __shared__ int count;
-    const uint64_t pairs = (uint64_t)n_tokens * n_used;
-    // The list's room comes off the top of the shared memory; the tiles get the rest.
-    const uint32_t list_cap = (uint32_t)min(pairs, (uint64_t)MMA_LIST_MAX);
-    const uint32_t smem_bytes = mma_smem_size();
-    // A tile of 8 tokens whatever room there is (a window's expert has at most a pair per
-    // token; the backend sizes the shared memory for 8).
-    const int tokens =
-        smem_bytes > 4 * list_cap && mma_tokens_for(type, k, smem_bytes - 4 * list_cap) > 0 ? 8 : 0;
-    if ((blockDim.x & 31) != 0 || tokens == 0 || list_cap == 0) return fill_nan(y, pairs * m);
-    const ExpertRanks ranks = expert_ranks(ids, pairs, present);
-    const MmaCachedExperts experts{slots, table, n_expert, slot_bytes, matrix_offset};
-    switch (type) {
-#define CACHED_MMA(id, F)                                                                    \
-    case id:                                                                                 \
-        mma_expert_units<F, false>(smem, present, ranks, experts, x, ids, y, m, k, pairs,    \
-                                   n_used, x_per_slot, tokens, list_cap, tile_x, tile_y, &count); \
-        break;
-        QUANT_FORMATS(CACHED_MMA)
-#undef CACHED_MMA
-        default: break;
     }
 }
 

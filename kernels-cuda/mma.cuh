@@ -142,31 +142,14 @@ __device__ __forceinline__ void mma_half_sums(MmaAct& act, int tn, const MmaLayo
     }
 }
 
-// Writes a warp's fragment sums (lane (g, t): rows g and g + 8 of fragment rf, tokens
-// 8·f + 2t and 2t + 1) to y, rows below `rows` and tokens below tn only.
-__device__ __forceinline__ void mma_store_frag(const float out[4], int rf, int f, int tn,
-                                               uint32_t r0, uint32_t rows, float* y,
-                                               uint64_t y_stride, const uint32_t* y_rows) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        const int tok = 8 * f + 2 * t + (e & 1);
-        const uint32_t row = (uint32_t)(16 * rf + g + (e < 2 ? 0 : 8));
-        if (tok < tn && row < rows) y[mm_row(y_rows, tok) * y_stride + r0 + row] = out[e];
-    }
-}
-
 // One warp's share of a token tile: rows 16·rf.. of the staged weights (rows at or past
 // `rows` are computed from whatever the buffer holds and not written) for the NF fragments
-// of 8 tokens starting at token 8·f0, written to y as mm_quant_unit would. With `half` 0
-// or 1 (NF = 1) the warp takes only that half of the tree's leaves (lane sums L of the
-// bit-reversed positions 16·half..16·half + 15) and leaves its subtree's sums in `part`,
-// unwritten: the root is left + right, which mma_tile adds.
+// of 8 tokens starting at token 8·f0, written to y as mm_quant_unit would.
 template <class F, int NF>
 __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t row_bytes,
                               const MmaAct& act, const MmaLayout& l, int rf, int f0, int tn,
                               uint32_t r0, uint32_t rows, float* y, uint64_t y_stride,
-                              const uint32_t* y_rows, int half = -1, float* part = nullptr) {
+                              const uint32_t* y_rows) {
     constexpr int SUBS = F::QK / 32;
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int ra = 16 * rf + g, rb = ra + 8;  // this lane's two rows of the tile
@@ -175,8 +158,7 @@ __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t r
     const uint8_t* wb = ws + rb * l.w_stride + ((uint64_t)(wsrc + (uint64_t)(r0 + rb) * row_bytes) & 15);
     float tree[5][NF][4];
     float out[NF][4];
-    const int i0 = half < 0 ? 0 : 16 * half, i1 = half < 0 ? 32 : i0 + 16;
-    for (int i = i0; i < i1; i++) {
+    for (int i = 0; i < 32; i++) {
         const uint32_t L = __brev((uint32_t)i) >> 27;
         float acc[NF][4];
 #pragma unroll
@@ -227,65 +209,35 @@ __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t r
                 if (!(i & 8)) { tree[3][f][e] = x; continue; }
                 x = tree[3][f][e] + x;
                 if (!(i & 16)) { tree[4][f][e] = x; continue; }
-                out[f][e] = half == 1 ? x : tree[4][f][e] + x;  // the right half: its subtree
+                out[f][e] = tree[4][f][e] + x;
             }
         }
     }
-    if (half >= 0) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) part[e] = half == 0 ? tree[4][0][e] : out[0][e];
-        return;
+    for (int f = 0; f < NF; f++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * (f0 + f) + 2 * t + (e & 1);
+            const uint32_t row = (uint32_t)(e < 2 ? ra : rb);
+            if (tok < tn && row < rows) y[mm_row(y_rows, tok) * y_stride + r0 + row] = out[f][e];
+        }
     }
-#pragma unroll
-    for (int f = 0; f < NF; f++) mma_store_frag(out[f], rf, f0 + f, tn, r0, rows, y, y_stride, y_rows);
-}
-
-// mma_tile's exchange of left-half sums (4 row fragments x 32 lanes x 4): one array per
-// kernel, where a __shared__ inside the templated mma_tile would be one per format.
-__device__ __forceinline__ float (*mma_left_sums())[32][4] {
-    __shared__ float left[4][32][4];
-    return left;
 }
 
 // The token tile in `act` (tn tokens) against the staged rows: 8 warp tasks (4 row
-// fragments x 2 token halves), taken by as many warps as the block has; a tile of 8
-// tokens in 8 warps: 4 row fragments x 2 halves of K. Every thread of the block calls it.
-// !WIDE: tiles of 8 or 16 tokens only (no code for 32, whose two fragments a warp need
-// registers a kernel of two blocks an SM lacks).
-template <class F, bool WIDE = true>
+// fragments x 2 token halves), taken by as many warps as the block has.
+template <class F>
 __device__ __forceinline__ void mma_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t row_bytes,
                                          const MmaAct& act, const MmaLayout& l, int tokens,
                                          int tn, uint32_t r0, uint32_t m, float* y,
                                          uint64_t y_stride, const uint32_t* y_rows) {
     const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const uint32_t rows = min((uint32_t)MMA_ROWS, m - r0);
-    if (tokens == 8 && nwarps == MMA_WARPS) {
-        // One fragment of tokens (verify windows): the second four warps would idle, so each
-        // row fragment's K is split between two warps by the halves of the sum's tree (the
-        // left half's sums through shared memory), the same additions in the same order.
-        float (*left)[32][4] = mma_left_sums();
-        const int rf = warp & 3, half = warp >> 2, lane = threadIdx.x & 31;
-        float part[4];
-        const bool live = (uint32_t)(16 * rf) < rows;
-        if (live)
-            mma_warp_tile<F, 1>(ws, wsrc, row_bytes, act, l, rf, 0, tn, r0, rows, y, y_stride,
-                                y_rows, half, part);
-        if (live && half == 0)
-#pragma unroll
-            for (int e = 0; e < 4; e++) left[rf][lane][e] = part[e];
-        __syncthreads();
-        if (live && half == 1) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[e] = left[rf][lane][e] + part[e];
-            mma_store_frag(part, rf, 0, tn, r0, rows, y, y_stride, y_rows);
-        }
-        return;
-    }
     for (int task = warp; task < MMA_WARPS; task += nwarps) {
         const int rf = task & 3, half = task >> 2;
         if ((uint32_t)(16 * rf) >= rows) continue;
         // 32 tokens: 2 fragments a task; 16: one; 8: one, for the first half only.
-        if (WIDE && tokens == 32) {
+        if (tokens == 32) {
             if (16 * half < tn)
                 mma_warp_tile<F, 2>(ws, wsrc, row_bytes, act, l, rf, 2 * half, tn, r0, rows, y,
                                     y_stride, y_rows);

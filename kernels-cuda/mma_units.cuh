@@ -37,8 +37,6 @@ __device__ void mma_dense_units(uint8_t* smem, const uint8_t* w, const float* x,
 // the order the list takes does not matter, each pair's rows are computed alone), then
 // stages each row tile once and runs the listed pairs through it in tiles of `tokens`.
 // Slots are listed in windows of `list_cap`; invalid ids get NaN rows, as mul_mat_experts.
-// `weights_of(e)` (block-uniform) says where expert e's rows are (MmaExpertWeights);
-// WIDE as mma_tile's (false: `tokens` is 8 or 16).
 #define MMA_GROUP 1  // 4 measured slower (fewer, longer units): pp512 1102 -> 657 tokens/s
 // Most slots listed at once (the window's matches, 4 bytes each, after mma_layout's;
 // crates/backend-cuda/src/kernels.rs sizes the shared memory for it).
@@ -46,28 +44,13 @@ __device__ void mma_dense_units(uint8_t* smem, const uint8_t* w, const float* x,
 #define MMA_LIST_MAX 8192
 #endif
 
-// Where a unit finds expert e's weights: `w`, or none, then `skip` (the pairs are left as
-// they are: the CPU pool computes them) or NaN rows (an invalid id).
-struct MmaExpertWeights {
-    const uint8_t* w;
-    bool skip;
-};
-
-// Experts at w + e · expert_bytes (mul_mat_experts_mma); e < 0 stands for the invalid ids.
-struct MmaResidentExperts {
-    const uint8_t* w;
-    uint64_t expert_bytes;
-    __device__ MmaExpertWeights operator()(int e) const {
-        return {e < 0 ? nullptr : w + (uint64_t)e * expert_bytes, false};
-    }
-};
-
-template <class F, bool WIDE, class Weights>
+template <class F>
 __device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const ExpertRanks& ranks,
-                                 Weights weights_of, const float* x, const int32_t* ids, float* y,
+                                 const uint8_t* w, const float* x, const int32_t* ids, float* y,
                                  uint32_t m, uint32_t k, uint64_t slots, uint32_t n_used,
-                                 uint32_t x_per_slot, int tokens, uint32_t list_cap,
-                                 uint32_t* tile_x, uint32_t* tile_y, int* count) {
+                                 uint32_t x_per_slot, uint64_t expert_bytes, int tokens,
+                                 uint32_t list_cap, uint32_t* tile_x, uint32_t* tile_y,
+                                 int* count) {
     const uint64_t row_bytes = (uint64_t)(k / F::QK) * F::BYTES;
     const MmaLayout l = mma_layout(row_bytes, k, tokens);
     MmaAct act = mma_act(smem, l);
@@ -83,10 +66,7 @@ __device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const E
         const int e = expert_of_rank(present, ranks, (int)(un / groups));
         const uint32_t rt0 = (uint32_t)(un % groups) * MMA_GROUP;
         const uint32_t rt1 = min(rt0 + MMA_GROUP, row_tiles);
-        // Block-uniform: every thread sees the same expert and weights.
-        const MmaExpertWeights ew = weights_of(e);
-        if (ew.skip) continue;
-        const uint8_t* we = ew.w;
+        const uint8_t* we = w + (uint64_t)(e < 0 ? 0 : e) * expert_bytes;
         for (uint64_t w0 = 0; w0 < slots; w0 += list_cap) {
             __syncthreads();  // the last window is done with the list
             if (threadIdx.x == 0) *count = 0;
@@ -98,7 +78,7 @@ __device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const E
             if (n == 0) continue;
             for (uint32_t rt = rt0; rt < rt1; rt++) {
                 const uint32_t r0 = rt * MMA_ROWS, rows = min((uint32_t)MMA_ROWS, m - r0);
-                if (we == nullptr) {
+                if (e < 0) {
                     for (uint32_t i = threadIdx.x; i < (uint32_t)n * rows; i += blockDim.x)
                         y[(uint64_t)list[i / rows] * m + r0 + i % rows] = nan_f32();
                     continue;
@@ -117,7 +97,7 @@ __device__ void mma_expert_units(uint8_t* smem, const uint32_t* present, const E
                     u.tn = tn;
                     mma_quantise<F>(act, u, l);
                     __syncthreads();
-                    mma_tile<F, WIDE>(smem, we, row_bytes, act, l, tokens, tn, r0, m, y, m, tile_y);
+                    mma_tile<F>(smem, we, row_bytes, act, l, tokens, tn, r0, m, y, m, tile_y);
                 }
             }
         }

@@ -498,9 +498,8 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     switch (type) {
 #define MMA_EXPERTS(id, F)                                                                       \
     case id:                                                                                     \
-        mma_expert_units<F, true>(smem, present, ranks, MmaResidentExperts{w, expert_bytes}, x,    \
-                                  ids, y, m, k, slots, n_used, x_per_slot, tokens, list_cap, tile_x, \
-                                  tile_y, &count);                                                   \
+        mma_expert_units<F>(smem, present, ranks, w, x, ids, y, m, k, slots, n_used, x_per_slot, \
+                            expert_bytes, tokens, list_cap, tile_x, tile_y, &count);            \
         break;
         QUANT_FORMATS(MMA_EXPERTS)
 #undef MMA_EXPERTS

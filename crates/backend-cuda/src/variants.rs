@@ -277,60 +277,15 @@ const CACHED_WINDOW_MAX_BLOCKS: u32 = 396;
 /// 16 or 8 that fits `limit` with `extra` bytes besides), or `None` for a format without
 /// a tensor-core path.
 fn mma_shared_bytes(ty: u32, k: u32, extra: u64, limit: u32) -> Option<u32> {
-    [32u64, 16, 8]
-        .into_iter()
-        .find_map(|tokens| mma_tile_bytes(ty, k, tokens, extra, limit))
-}
-
-/// Dynamic shared memory of mma.cuh's layout for a tile of `tokens` tokens with `extra`
-/// bytes besides, if it fits `limit` (`None` too for a format without a tensor-core path).
-fn mma_tile_bytes(ty: u32, k: u32, tokens: u64, extra: u64, limit: u32) -> Option<u32> {
     let t = tensor_core_format(ty)?;
     let row_bytes = u64::try_from(t.row_bytes(k as usize)?).ok()?;
     let (k, w_stride) = (u64::from(k), row_bytes.div_ceil(16) * 16 + 16);
-    // Weight rows; activation rows, their scales and sums; what the caller adds.
-    let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
-    u32::try_from(bytes).ok().filter(|&b| b <= limit)
+    [32u64, 16, 8].into_iter().find_map(|tokens| {
+        // Weight rows; activation rows, their scales and sums; what the caller adds.
+        let bytes = 64 * w_stride + tokens * (k + 16) + tokens * (k / 32) * 8 + extra;
+        u32::try_from(bytes).ok().filter(|&b| b <= limit)
+    })
 }
-
-/// mul_mat_experts_cached_mma's dynamic shared memory for a window mul_mat_experts_cached_multi
-/// takes: mma.cuh's layout for a tile of 8 tokens (a window routes a token to an expert
-/// once) and the pair list, 4 bytes a pair.
-/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used, ...)
-fn cached_mma_shared_bytes(a: &[KernelArg], limit: u32) -> Option<u32> {
-    let (ty, k, n, used) = (
-        u32_arg(a, 5)?,
-        u32_arg(a, 7)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-    );
-    if !cached_multi_applies(n, used) {
-        return None;
-    }
-    mma_tile_bytes(ty, k, 8, u64::from(n * used) * 4, limit)
-}
-
-/// Blocks of mul_mat_experts_cached_mma: a unit per (expert the window can route to, 64
-/// rows), at most [`CACHED_MMA_MAX_BLOCKS`] (the kernel takes its units grid-stride).
-fn cached_mma_blocks(a: &[KernelArg], _block_threads: u32) -> Option<u32> {
-    let (m, n, used, n_expert) = (
-        u32_arg(a, 6)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-        u32_arg(a, 11)?,
-    );
-    let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
-    Some(
-        ranks
-            .checked_mul(m.div_ceil(64))?
-            .min(CACHED_MMA_MAX_BLOCKS),
-    )
-}
-
-/// One wave of mul_mat_experts_cached_mma on an H200: 132 SMs of 2 blocks (its
-/// `__launch_bounds__(256, 2)`; ~96 KiB of shared memory a block at Qwen3-30B-A3B's
-/// k = 2,048 in Q4_K).
-const CACHED_MMA_MAX_BLOCKS: u32 = 264;
 
 /// The quantised format of ggml type `ty` if the tensor-core kernels (mma.cuh, mmq.cuh)
 /// take it.
@@ -638,19 +593,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
     // rows quantised once per launch by quantise_act_q8_window (every unit of the other
     // quantises its rows itself, between two block barriers); bit for bit the per-pair
     // kernel (experts.cu, matvec_window_q8.cuh).
-    // The same windows on tensor cores (experts.cu): a unit per (resident expert, 64 rows),
-    // the rows staged once in shared memory for all the expert's pairs; bit for bit the
-    // per-pair kernel.
-    Variant {
-        of: KernelId::MulMatExpertsCached,
-        func: "mul_mat_experts_cached_mma",
-        applies: cached_mma_shared_bytes,
-        large_smem: true,
-        grid: Some(cached_mma_blocks),
-        grid_exact: false,
-        pre: None,
-        scratch: false,
-    },
     Variant {
         of: KernelId::MulMatExpertsCached,
         func: "mul_mat_experts_cached_multi_q8",

@@ -1,12 +1,11 @@
-//! mul_mat_experts_cached_multi, mul_mat_experts_cached_multi_q8 and mul_mat_experts_cached_mma
-//! (kernels-cuda/experts.cu: a verify window's cached expert products, a unit per routed
-//! expert whose rows serve every pair routed to it; the _q8 form over activation rows
-//! quantised once per launch; the _mma form on tensor cores, 64 rows staged a unit) on the
+//! mul_mat_experts_cached_multi and mul_mat_experts_cached_multi_q8 (kernels-cuda/experts.cu:
+//! a verify window's cached expert products, a unit per routed expert whose rows serve every
+//! pair routed to it; the _q8 form over activation rows quantised once per launch) on the
 //! GPU against the per-pair mul_mat_experts_cached, the same device with the window
-//! variants left out (`STRATA_CUDA_SKIP=mul_mat_experts_cached_mma,
-//! mul_mat_experts_cached_multi_q8,mul_mat_experts_cached_multi,
-//! mul_mat_experts_cached_grouped`): bit for bit for every format (the _mma and _q8 forms
-//! take the quantised ones; with them left out, the multi form takes them all), windows of 2 to 8 tokens at Qwen3-30B-A3B's expert shapes (gate/up 768 x 2048 over
+//! variants left out (`STRATA_CUDA_SKIP=mul_mat_experts_cached_multi_q8,
+//! mul_mat_experts_cached_multi,mul_mat_experts_cached_grouped`): bit for bit for every
+//! format (the _q8 form takes the quantised ones; with it left out, the other takes them
+//! all), windows of 2 to 8 tokens at Qwen3-30B-A3B's expert shapes (gate/up 768 x 2048 over
 //! a token's row, down 2048 x 768 over a row per pair) and a long row (staged in chunks),
 //! launched as ops.rs launches them. Pairs whose expert has no slot stay untouched, ids
 //! outside the experts give NaN rows. Skips with one line when there is no CUDA device.
@@ -150,17 +149,13 @@ fn cached(
 fn mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel() {
     let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let test = "mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel";
-    // The device as configured by default (the tensor-core form first), without it (the
-    // _q8 form first), without either, and without any window variant (the per-pair kernel).
-    let mma = "mul_mat_experts_cached_mma";
+    // The device as configured by default (the _q8 form first), without the _q8 form, and
+    // without any window variant (the per-pair kernel).
     let q8 = "mul_mat_experts_cached_multi_q8";
-    let windows = format!("{mma},{q8},mul_mat_experts_cached_multi,mul_mat_experts_cached_grouped");
-    let (Some(first), Some(q8_first), Some(multi), Some(per_pair)) = (
-        gpu(test, ""),
-        gpu(test, mma),
-        gpu(test, &format!("{mma},{q8}")),
-        gpu(test, &windows),
-    ) else {
+    let windows = format!("{q8},mul_mat_experts_cached_multi,mul_mat_experts_cached_grouped");
+    let (Some(first), Some(multi), Some(per_pair)) =
+        (gpu(test, ""), gpu(test, q8), gpu(test, &windows))
+    else {
         return;
     };
     let mut rng = Rng(0x6a09_e667_f3bc_c908);
@@ -179,11 +174,7 @@ fn mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel() {
                 let rows = if per_slot { ids.len() } else { n_tokens };
                 let x: Vec<f32> = (0..rows * k).map(|_| 2.0 * rng.f32()).collect();
                 let want = cached(&per_pair, ty, m, k, &cache, &x, &ids, per_slot);
-                for (name, dev) in [
-                    ("default", &first),
-                    ("without _mma", &q8_first),
-                    ("without _mma and _q8", &multi),
-                ] {
+                for (name, dev) in [("default", &first), ("without _q8", &multi)] {
                     let a = cached(dev, ty, m, k, &cache, &x, &ids, per_slot);
                     // What each pair's rows must be besides equal: NaN for a bad id,
                     // untouched for the pool's experts, finite for the resident ones.

@@ -189,53 +189,6 @@ fn cached_experts_multi_q8_takes_quantised_windows_whose_rows_fit_the_scratch() 
 }
 
 #[test]
-fn cached_experts_mma_takes_windows_with_a_tile_of_8_tokens() {
-    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
-    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
-    let cached = |ty: u32, m: u32, k: u32, n: u32, n_expert: u32| {
-        let mut a = vec![buf; 5];
-        a.extend([ty, m, k, n, 8, 0, n_expert].map(KernelArg::U32));
-        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
-        a
-    };
-    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
-    let v = &VARIANTS[pos("mul_mat_experts_cached_mma")];
-    assert_eq!(v.of, KernelId::MulMatExpertsCached);
-    assert!(pos("mul_mat_experts_cached_mma") < pos("mul_mat_experts_cached_multi_q8"));
-    assert!(v.large_smem && v.pre.is_none() && !v.grid_exact);
-    // Q4_K, k 2,048: 64 rows of 1,152 bytes (+ 16 pad), 8 tokens of 2,048 (+ 16), their
-    // 64 scales and sums, and 40 pairs' list.
-    let bytes = 64 * (1152 + 16) + 8 * (2048 + 16) + 8 * 64 * 8 + 40 * 4;
-    let limit = 232_448;
-    assert_eq!(
-        (v.applies)(&cached(12, 768, 2048, 5, 128), limit),
-        Some(bytes)
-    );
-    assert!((v.applies)(&cached(12, 768, 2048, 5, 128), bytes - 1).is_none());
-    for n in 2..=8 {
-        assert!(
-            (v.applies)(&cached(12, 2048, 768, n, 128), limit).is_some(),
-            "{n}"
-        );
-    }
-    // Not: one token or 9, float weights, not whole blocks.
-    for a in [
-        cached(12, 768, 2048, 1, 128),
-        cached(12, 768, 2048, 9, 128),
-        cached(1, 768, 2048, 4, 128),
-        cached(12, 768, 2000, 4, 128),
-    ] {
-        assert!((v.applies)(&a, limit).is_none(), "{a:?}");
-    }
-    // 40 pairs x 12 row tiles of 64, one H200 wave at most; 8 pairs of 6 experts (and the
-    // invalid ids' rank) x 1 tile.
-    let grid = v.grid.unwrap();
-    assert_eq!(grid(&cached(12, 768, 2048, 5, 128), 256), Some(264));
-    assert_eq!(grid(&cached(12, 40, 2048, 2, 6), 256), Some(7));
-    assert_eq!(grid(&cached(12, 768, 2048, 2, 6), 256), Some(7 * 12));
-}
-
-#[test]
 fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
     // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
     let mul_mat = |ty, m, k, n| {
