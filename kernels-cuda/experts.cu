@@ -144,13 +144,12 @@ extern "C" __global__ void __launch_bounds__(256)
     mvq_quantise_rows(x, act, type, k, x_per_slot ? (uint32_t)pairs : n_tokens);
 }
 
-// The body of mul_mat_experts_cached_multi_q8 and mul_mat_experts_cached_q8 (below).
-__device__ __forceinline__ void cached_q8_units(const uint8_t* slots, const int32_t* table,
-                                                const int32_t* ids, float* y, uint32_t type,
-                                                uint32_t m, uint32_t k, uint32_t n_tokens,
-                                                uint32_t n_used, uint32_t x_per_slot,
-                                                uint32_t n_expert, uint64_t slot_bytes,
-                                                uint64_t matrix_offset, uint8_t* act) {
+extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi_q8(
+    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
+    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
+    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
+    uint8_t* act) {
+    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
     __shared__ MvwqShared sh;
     const uint64_t pairs = (uint64_t)n_tokens * n_used;
     if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || mvq_act_type(type) < 0 ||
@@ -158,6 +157,7 @@ __device__ __forceinline__ void cached_q8_units(const uint8_t* slots, const int3
         for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
         return;
     }
+    (void)x;
     const uint32_t rows = mv_rows_per_unit();
     const uint32_t groups = (m + rows - 1) / rows;
     // Blocks past the most units a launch of this size can have leave at once.
@@ -180,33 +180,6 @@ __device__ __forceinline__ void cached_q8_units(const uint8_t* slots, const int3
         const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
         mvwq_unit_of(type, l, slots + (uint64_t)s * slot_bytes + matrix_offset, r0, mask);
     }
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi_q8(
-    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
-    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
-    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
-    uint8_t* act) {
-    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
-    (void)x;
-    cached_q8_units(slots, table, ids, y, type, m, k, n_tokens, n_used, x_per_slot, n_expert,
-                    slot_bytes, matrix_offset, act);
-}
-
-// The same units for a decode step (one token: its pairs are its experts, a unit per 16
-// rows of each over the activation quantised once per launch by quantise_act_q8_window),
-// in place of the per-pair kernel, which quantises the activation in every unit between
-// two block barriers. A kernel of its own name so STRATA_CUDA_SKIP can leave out the
-// step's form alone (variants.rs).
-extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_q8(
-    const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
-    uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
-    uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,
-    uint8_t* act) {
-    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
-    (void)x;
-    cached_q8_units(slots, table, ids, y, type, m, k, n_tokens, n_used, x_per_slot, n_expert,
-                    slot_bytes, matrix_offset, act);
 }
 
 // mul_mat_experts_cached for launches of more than MOE_GROUP_MIN_TOKENS tokens (verify

@@ -21,8 +21,7 @@
 /// before the grouped form; name both to run the per-pair kernel for windows. Before it,
 /// `mul_mat_experts_cached_multi_q8` (the same units over activation rows quantised once
 /// per launch, quantised formats; not yet measured): add it to this list in
-/// STRATA_CUDA_SKIP to run `mul_mat_experts_cached_multi` for every window. Not left out:
-/// `mul_mat_experts_cached_q8` (a decode step's cached experts in the _q8 units).
+/// STRATA_CUDA_SKIP to run `mul_mat_experts_cached_multi` for every window.
 const SKIPPED_BY_DEFAULT: &str = "router_matvec_topk,experts_down_norm,mul_mat_experts_q8,\
     mul_mat_experts_cached_grouped";
 

@@ -224,18 +224,6 @@ fn cached_multi_applies(n_tokens: u32, n_used: u32) -> bool {
 /// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
 /// x_per_slot, ...)
 fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    cached_q8_rows(a, cached_multi_applies)
-}
-
-/// mul_mat_experts_cached_q8's launches (a decode step's: one token): as
-/// [`cached_multi_q8_rows`].
-fn cached_step_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    cached_q8_rows(a, |n, used| n == 1 && used <= CACHED_MULTI_MAX_PAIRS)
-}
-
-/// The activation rows and k of a cached expert launch the _q8 units take: `tokens(n,
-/// n_used)` holds, a quantised format in whole blocks, rows that fit the scratch.
-fn cached_q8_rows(a: &[KernelArg], tokens: fn(u32, u32) -> bool) -> Option<(u32, u32)> {
     let (ty, k, n, used, per_slot) = (
         u32_arg(a, 5)?,
         u32_arg(a, 7)?,
@@ -243,7 +231,7 @@ fn cached_q8_rows(a: &[KernelArg], tokens: fn(u32, u32) -> bool) -> Option<(u32,
         u32_arg(a, 9)?,
         u32_arg(a, 10)?,
     );
-    if !tokens(n, used) || k == 0 {
+    if !cached_multi_applies(n, used) || k == 0 {
         return None;
     }
     tensor_core_format(ty)?.row_bytes(k as usize)?;
@@ -616,24 +604,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
             func: "quantise_act_q8_window",
             grid: |a| {
                 let (rows, k) = cached_multi_q8_rows(a)?;
-                rows.checked_mul(mvq_quantise_grid(k))
-            },
-            block: 256,
-        }),
-        scratch: false,
-    },
-    // The same units for a decode step (one token), in place of the per-pair kernel's.
-    Variant {
-        of: KernelId::MulMatExpertsCached,
-        func: "mul_mat_experts_cached_q8",
-        applies: |a, _| cached_step_q8_rows(a).map(|_| 0),
-        large_smem: false,
-        grid: Some(cached_window_q8_blocks),
-        grid_exact: false,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_window",
-            grid: |a| {
-                let (rows, k) = cached_step_q8_rows(a)?;
                 rows.checked_mul(mvq_quantise_grid(k))
             },
             block: 256,

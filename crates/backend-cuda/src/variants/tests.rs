@@ -189,37 +189,6 @@ fn cached_experts_multi_q8_takes_quantised_windows_whose_rows_fit_the_scratch() 
 }
 
 #[test]
-fn cached_experts_q8_takes_a_decode_steps_quantised_launches() {
-    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
-    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
-    let cached = |ty: u32, k: u32, n: u32, per_slot: u32| {
-        let mut a = vec![buf; 5];
-        a.extend([ty, 768, k, n, 8, per_slot, 128].map(KernelArg::U32));
-        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
-        a
-    };
-    let pos = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
-    let v = &VARIANTS[pos("mul_mat_experts_cached_q8")];
-    assert_eq!(v.of, KernelId::MulMatExpertsCached);
-    // One token only (the windows are the other _q8 form's), quantised formats.
-    assert_eq!((v.applies)(&cached(12, 2048, 1, 0), 0), Some(0));
-    assert_eq!((v.applies)(&cached(12, 768, 1, 1), 0), Some(0));
-    for a in [
-        cached(12, 2048, 2, 0),
-        cached(1, 2048, 1, 0),
-        cached(12, 2000, 1, 0),
-    ] {
-        assert!((v.applies)(&a, 0).is_none(), "{a:?}");
-    }
-    // 8 pairs of 48 units of 16 rows; the activation (a row, or a row per pair) first.
-    assert_eq!(v.grid.unwrap()(&cached(12, 2048, 1, 0), 256), Some(8 * 48));
-    let pre = v.pre.as_ref().unwrap();
-    assert_eq!(pre.func, "quantise_act_q8_window");
-    assert_eq!((pre.grid)(&cached(12, 2048, 1, 0)), Some(8));
-    assert_eq!((pre.grid)(&cached(12, 768, 1, 1)), Some(8 * 3));
-}
-
-#[test]
 fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
     // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
     let mul_mat = |ty, m, k, n| {
