@@ -144,11 +144,7 @@ extern "C" __global__ void __launch_bounds__(256)
     mvq_quantise_rows(x, act, type, k, x_per_slot ? (uint32_t)pairs : n_tokens);
 }
 
-// Blocks an SM the registers are capped for (STRATA_NVRTC_DEFINES may say 2).
-#ifndef MVWQ_MIN_BLOCKS
-#define MVWQ_MIN_BLOCKS 3
-#endif
-extern "C" __global__ void __launch_bounds__(256, MVWQ_MIN_BLOCKS) mul_mat_experts_cached_multi_q8(
+extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_multi_q8(
     const uint8_t* slots, const int32_t* table, const float* x, const int32_t* ids, float* y,
     uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens, uint32_t n_used,
     uint32_t x_per_slot, uint32_t n_expert, uint64_t slot_bytes, uint64_t matrix_offset,

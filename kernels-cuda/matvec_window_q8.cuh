@@ -26,13 +26,6 @@
 #include "matvec_q8.cuh"
 #include "matvec_window.cuh"
 
-// 1: a step decodes both of a warp's weight rows, then loads each activation row once for
-// both (STRATA_NVRTC_DEFINES; 0, the default: one row at a time, the activation read
-// again from L1 for the second, in 80 registers).
-#ifndef MVWQ_BOTH_ROWS
-#define MVWQ_BOTH_ROWS 0
-#endif
-
 // The block's shared memory: only the window's keys (no staged activation).
 struct MvwqShared {
     int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
@@ -96,25 +89,6 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         if (v >= k) continue;  // this lane's sub-block of a short last step is past the row
         const uint64_t at = (uint64_t)(v / F::QK) * F::BYTES;
         const uint64_t xr = mvwq_opaque(xrows);
-#if MVWQ_BOTH_ROWS
-        // Both rows decoded first, each activation row loaded once for both (the same
-        // additions per (row, pair), in the same order).
-        Sub s[MV_ROWS];
-#pragma unroll
-        for (int rr = 0; rr < MV_ROWS; rr++) F::decode(wr[rr] + at, lane % SUBS, s[rr]);
-        uint32_t after = 0;  // 0, after the previous pair's sums
-#pragma unroll
-        for (int i = 0; i < MVW_TOKENS; i++) {
-            if (i >= tn) break;
-            MvqLaneAct a;
-            const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
-            mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
-#pragma unroll
-            for (int rr = 0; rr < MV_ROWS; rr++)
-                acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s[rr], a.q, a.d, a.s));
-            after = __float_as_uint(acc[MV_ROWS - 1][i]) & zero;
-        }
-#else
 #pragma unroll
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
@@ -130,7 +104,6 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
                 after = __float_as_uint(acc[rr][i]) & zero;
             }
         }
-#endif
     }
     pdl_trigger_mid();  // this block's weights are read: the next kernel may be placed
 #pragma unroll
