@@ -609,10 +609,7 @@ extern "C" __global__ void router_topk(const float* logits, int32_t* ids, float*
 // K/V head h / (n_head / n_kv_head). A block per (token, query head) for short spans
 // (attention_short.cuh), else split along the keys, a cluster of blocks per (token, K/V
 // head): attention.cuh.
-#ifndef ATT_MIN_BLOCKS
-#define ATT_MIN_BLOCKS 1
-#endif
-extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS, ATT_MIN_BLOCKS)
+extern "C" __global__ void ATT_CLUSTER_DIMS __launch_bounds__(ATT_MAX_THREADS)
     attention(const float* q, const int32_t* pos, const uint16_t* k_cache,
               const uint16_t* v_cache, float* out, uint32_t n_tokens, uint32_t n_head,
               uint32_t n_kv_head, uint32_t head_dim, uint32_t n_ctx, float scale) {
