@@ -40,7 +40,7 @@ run() {
   [ "$to" -gt "$(left)" ] && to=$(left)
   timeout "$to" "$@" > "$L/$name.txt" 2>&1
   stamp "$name rc=$?"
-  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|^\| Q4_K|panicked|error" "$L/$name.txt" | head -12
+  grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|^\| [0-9]|^\| Q4_K|panicked|error" "$L/$name.txt" | head -12
 }
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
@@ -91,9 +91,10 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
               run window-skip 120 env STRATA_CUDA_SKIP="$DEF,${WSKIP:-}" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
     window-grid) # the window with each kernel-cache variant of WIN_KC (names in /tmp/kc), REPS=2 each
-              for v in ${WIN_KC:-default}; do
-                defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
-                run "window-$v" 90 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
+              # (a name may come back: alternating rounds, each run's log its own, window-N-NAME)
+              i=0; for v in ${WIN_KC:-default}; do
+                i=$((i + 1)); defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
+                run "window-$i-$v" 90 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
                   STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                   REPS=2 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
               done ;;
