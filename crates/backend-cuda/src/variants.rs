@@ -265,21 +265,6 @@ fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
     Some(cached_expert_units(a, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
 }
 
-/// Units a block of a decode step's gate or up product takes (the variant of
-/// mul_mat_experts_cached above).
-const CACHED_STEP_UNITS_PER_BLOCK: u32 = 2;
-
-/// Blocks of a decode step's mul_mat_experts_cached: its (pair, 16 rows) units over
-/// [`CACHED_STEP_UNITS_PER_BLOCK`]. The kernel takes its units grid-stride, so block b
-/// takes units b, b + grid, ...: pairs of one token, one activation.
-/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used, ...)
-fn cached_step_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let (m, n, used) = (u32_arg(a, 6)?, u32_arg(a, 8)?, u32_arg(a, 9)?);
-    let rows = (block_threads / 32).clamp(1, 8) * 2;
-    let units = n.checked_mul(used)?.checked_mul(m.div_ceil(rows))?;
-    Some(units.div_ceil(CACHED_STEP_UNITS_PER_BLOCK))
-}
-
 /// One wave of mul_mat_experts_cached_multi_q8 on an H200 (132 SMs of 3 blocks: its
 /// `__launch_bounds__(256, 3)`). H200, Qwen3-30B-A3B-shaped Q4_K, 50% cache, K=4: a window
 /// 10.37 ms with this cap against 10.80 with a block per unit a window could have
@@ -651,22 +636,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
         large_smem: false,
         // A unit per (routed expert, 16 rows), not per (pair, 16 rows).
         grid: Some(cached_expert_units),
-        grid_exact: false,
-        pre: None,
-        scratch: false,
-    },
-    // mul_mat_experts_cached for a decode step's gate and up products (one token, whose
-    // activation every pair reads): the per-pair kernel itself on fewer blocks, each taking
-    // [`CACHED_STEP_UNITS_PER_BLOCK`] units, so a block quantises the activation once for
-    // them (matvec.cuh's mv_unit keeps the staged row); the same values, bit for bit.
-    Variant {
-        of: KernelId::MulMatExpertsCached,
-        func: "mul_mat_experts_cached",
-        applies: |a, _| {
-            (u32_arg(a, 8)? == 1 && u32_arg(a, 10)? == 0 && u32_arg(a, 9)? > 1).then_some(0)
-        },
-        large_smem: false,
-        grid: Some(cached_step_blocks),
         grid_exact: false,
         pre: None,
         scratch: false,

@@ -189,31 +189,6 @@ fn cached_experts_multi_q8_takes_quantised_windows_whose_rows_fit_the_scratch() 
 }
 
 #[test]
-fn a_steps_gate_and_up_take_two_cached_units_a_block() {
-    let buf = KernelArg::U64(0x1000); // the buffers' values do not matter here
-    // (slots, table, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, n_expert, ...)
-    let cached = |n: u32, per_slot: u32| {
-        let mut a = vec![buf; 5];
-        a.extend([12, 768, 2048, n, 8, per_slot, 128].map(KernelArg::U32));
-        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(0)]);
-        a
-    };
-    let v = VARIANTS
-        .iter()
-        .find(|v| v.func == "mul_mat_experts_cached")
-        .unwrap();
-    assert_eq!(v.of, KernelId::MulMatExpertsCached);
-    assert_eq!((v.applies)(&cached(1, 0), 0), Some(0));
-    // Not the down product (a row per pair), not a window.
-    assert!((v.applies)(&cached(1, 1), 0).is_none());
-    assert!((v.applies)(&cached(2, 0), 0).is_none());
-    // 8 pairs x 48 units of 16 rows, two a block; 4-warp blocks: units of 8 rows.
-    assert_eq!(v.grid.unwrap()(&cached(1, 0), 256), Some(8 * 48 / 2));
-    assert_eq!(v.grid.unwrap()(&cached(1, 0), 128), Some(8 * 96 / 2));
-    assert!(v.pre.is_none() && !v.grid_exact);
-}
-
-#[test]
 fn mul_mat_vec_q8_takes_one_token_of_a_quantised_format() {
     // mul_mat(w, x, y | type, m, k, n); the buffers' values do not matter here.
     let mul_mat = |ty, m, k, n| {
