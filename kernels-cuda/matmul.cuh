@@ -297,7 +297,7 @@ __device__ void mm_quant_unit(MmShared& sh, const MmUnit& u, uint64_t& staged_ke
                 for (int rr = 0; rr < MM_ROWS; rr++) {
                     if (rr >= nrows) break;
                     Sub s;
-                    F::decode(at[rr] + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                    decode_sub<F, true>(at[rr] + (lane / SUBS) * F::BYTES, lane % SUBS, s);
 #pragma unroll
                     for (int i = 0; i < MM_TOKENS; i++)
                         if (i < u.tn)

@@ -99,7 +99,7 @@ __device__ void mv_dot(MvShared& sh, const MmUnit& u, const uint8_t* const* wrow
             for (int rr = 0; rr < MV_ROWS; rr++) {
                 if (!wrows[rr]) continue;
                 Sub s;
-                F::decode(wrows[rr] + at, lane % SUBS, s);
+                decode_sub<F>(wrows[rr] + at, lane % SUBS, s);
                 acc[rr] = __fadd_rn(acc[rr], dot_sub<F>(s, sh, v0 + lane * 32));
             }
         }

@@ -270,7 +270,7 @@ __device__ void mvq_product(uint4* smem, uint32_t depth, const Rows& rows, uint3
                         const uint8_t* staged =
                             (const uint8_t*)(ring + (r * depth + i) * STAGE) + (a0 & 15);
                         Sub s;
-                        F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+                        decode_sub<F, true>(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
                         acc[r] = __fadd_rn(acc[r], mvq_dot<F>(s, a.q, a.d, a.s));
                     }
                     if (more) a = next;
@@ -350,7 +350,7 @@ __device__ __forceinline__ void mvq_tokens_unit(uint4* ring, uint32_t depth,
             const uint64_t a0 = (uint64_t)(wr + (uint64_t)(s0 + i) * STEP_BYTES);
             const uint8_t* staged = (const uint8_t*)(ring + i * STAGE) + (a0 & 15);
             Sub s;
-            F::decode(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
+            decode_sub<F, true>(staged + (lane / SUBS) * F::BYTES, lane % SUBS, s);
             const uint8_t* row_act = p.act;  // activation row t's, stepped (registers)
 #pragma unroll
             for (int t = 0; t < MVQ_TOKENS; t++, row_act += mvq_row_stride(k)) {

@@ -131,7 +131,7 @@ __device__ __forceinline__ void mvw_dot(MvwShared& sh, const MmUnit& u,
             for (int rr = 0; rr < MV_ROWS; rr++) {
                 if (!wrows[rr]) continue;
                 Sub s;
-                F::decode(wrows[rr] + at, lane % SUBS, s);
+                decode_sub<F>(wrows[rr] + at, lane % SUBS, s);
 #pragma unroll
                 for (int i = 0; i < MVW_TOKENS; i++)
                     if (i < u.tn)

@@ -92,7 +92,7 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
 #pragma unroll
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
-            F::decode(wr[rr] + at, lane % SUBS, s);
+            decode_sub<F>(wr[rr] + at, lane % SUBS, s);
             uint32_t after = 0;  // 0, after the previous row's sum
 #pragma unroll
             for (int i = 0; i < MVW_TOKENS; i++) {

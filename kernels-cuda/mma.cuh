@@ -168,8 +168,8 @@ __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t r
         for (uint32_t j = L; j < l.nsub; j += 32) {
             Sub sa, sb;
             const uint32_t blk = j / SUBS, sub = j % SUBS;
-            F::decode(wa + blk * F::BYTES, sub, sa);
-            F::decode(wb + blk * F::BYTES, sub, sb);
+            decode_sub<F, true>(wa + blk * F::BYTES, sub, sa);
+            decode_sub<F, true>(wb + blk * F::BYTES, sub, sb);
 #pragma unroll
             for (int f = 0; f < NF; f++) {
                 const int tok0 = 8 * (f0 + f);

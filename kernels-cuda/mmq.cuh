@@ -131,7 +131,7 @@ __device__ __forceinline__ void mmq_decode(const MmqSmem& s, const MmqLayout& l,
         const uint32_t r = p / nsub, j = p % nsub;
         const uint8_t* src = s.raw + r * l.rs + (mmq_src(w, row_bytes, r0 + r, col) & 15);
         Sub d;
-        F::decode(src + (j / SUBS) * F::BYTES, j % SUBS, d);
+        decode_sub<F, true>(src + (j / SUBS) * F::BYTES, j % SUBS, d);
         uint4* q = (uint4*)(s.wq + r * MMQ_QS + 32 * j);
         q[0] = make_uint4((uint32_t)d.q[0], (uint32_t)d.q[1], (uint32_t)d.q[2], (uint32_t)d.q[3]);
         q[1] = make_uint4((uint32_t)d.q[4], (uint32_t)d.q[5], (uint32_t)d.q[6], (uint32_t)d.q[7]);

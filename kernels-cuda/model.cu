@@ -141,7 +141,7 @@ __device__ void embed_quant(const uint8_t* table, const uint32_t* ids, float* ou
         const uint32_t j = (uint32_t)(it % per_row);
         const uint8_t* blk = table + ids[t] * row_bytes + (uint64_t)(j / SUBS) * F::BYTES;
         Sub s;
-        F::decode(blk, j % SUBS, s);
+        decode_sub<F>(blk, j % SUBS, s);
         float v[32];
         dequant_sub<F>(s, v);
         float* o = out + t * dim + 32 * j;

@@ -265,6 +265,12 @@ struct Q3_K {
     }
 };
 
+// 0: the decoders as before session 17 (per-field byte loads, decode_sub a plain
+// F::decode), for measuring against on the same build (kernel-cache variants).
+#ifndef DECODE_ALIGNED
+#define DECODE_ALIGNED 1
+#endif
+
 // get_scale_min_k4: scale and min of sub-block `j` of a Q4_K/Q5_K block.
 __device__ __forceinline__ void k4_scale_min(const uint8_t* sc, int j, int& scale, int& min) {
     if (j < 4) {
@@ -276,21 +282,68 @@ __device__ __forceinline__ void k4_scale_min(const uint8_t* sc, int j, int& scal
     }
 }
 
+// The 16 · N bytes at p as 4 · N words: 16-byte loads where p is 16-aligned (decode_sub
+// lets the compiler know that, and drop the other path).
+template <int N>
+__device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t (&w)[4 * N]) {
+#if defined(__CUDA_ARCH__) && DECODE_ALIGNED
+    if (((unsigned long long)p & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            const uint4 a = *(const uint4*)(p + 16 * i);
+            w[4 * i] = a.x, w[4 * i + 1] = a.y, w[4 * i + 2] = a.z, w[4 * i + 3] = a.w;
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 4 * N; i++) w[i] = ld_u32(p + 4 * i);
+}
+
+// The head of a Q4_K/Q5_K block (its first 16 bytes as words: d and dmin, then the 12
+// bytes of scales), decoded for sub-block `j`: ggml's get_scale_min_k4 on those bytes, with
+// the bytes taken out of the words in registers (one load a block, not a byte a field).
+__device__ __forceinline__ void k4_head(const uint8_t* b, int j, Sub& s) {
+#if !DECODE_ALIGNED
+    int scale0, min0;
+    k4_scale_min(b + 4, j, scale0, min0);
+    sub_init(s, ld_f16(b), scale0);
+    s.mn[0] = min0;
+    s.mn[1] = min0;
+    s.dmin = ld_f16(b + 2);
+    return;
+#endif
+    uint32_t h[4];
+    ld_words<1>(b, h);
+    // scales[i] is byte i % 4 of h[1 + i / 4]; j < 4 reads scales[j], [j + 4]; j >= 4
+    // reads scales[j + 4], [j - 4], [j], all byte j % 4 of a word.
+    const int sh = 8 * (j & 3);
+    const uint32_t lo = (h[1] >> sh) & 255u, mid = (h[2] >> sh) & 255u, hi = (h[3] >> sh) & 255u;
+    int scale, min;
+    if (j < 4) {
+        scale = (int)(lo & 63u);
+        min = (int)(mid & 63u);
+    } else {
+        scale = (int)((hi & 15u) | ((lo >> 6) << 4));
+        min = (int)((hi >> 4) | ((mid >> 6) << 4));
+    }
+    sub_init(s, f16_to_f32((uint16_t)(h[0] & 0xffffu)), scale);
+    s.mn[0] = min;
+    s.mn[1] = min;
+    s.dmin = f16_to_f32((uint16_t)(h[0] >> 16));
+}
+
 struct Q4_K {
     static constexpr int QK = 256, BYTES = 144, ACT = ACT_Q8_K;
     static constexpr bool MIN = true, OFFSET = false;
     __device__ static void decode(const uint8_t* b, int sb, Sub& s) {
         // d@0, dmin@2, scales[12]@4, qs[128]@16.
-        int scale, min;
-        k4_scale_min(b + 4, sb, scale, min);
-        sub_init(s, ld_f16(b), scale);
-        s.mn[0] = min;
-        s.mn[1] = min;
-        s.dmin = ld_f16(b + 2);
-        const uint8_t* qs = b + 16 + 32 * (sb >> 1);
+        k4_head(b, sb, s);
+        uint32_t w[8];
+        ld_words<2>(b + 16 + 32 * (sb >> 1), w);
         int shift = 4 * (sb & 1);
 #pragma unroll
-        for (int i = 0; i < 8; i++) s.q[i] = (int)((ld_u32(qs + 4 * i) >> shift) & 0x0f0f0f0fu);
+        for (int i = 0; i < 8; i++) s.q[i] = (int)((w[i] >> shift) & 0x0f0f0f0fu);
     }
 };
 
@@ -299,18 +352,15 @@ struct Q5_K {
     static constexpr bool MIN = true, OFFSET = false;
     __device__ static void decode(const uint8_t* b, int sb, Sub& s) {
         // d@0, dmin@2, scales[12]@4, qh[32]@16, qs[128]@48.
-        int scale, min;
-        k4_scale_min(b + 4, sb, scale, min);
-        sub_init(s, ld_f16(b), scale);
-        s.mn[0] = min;
-        s.mn[1] = min;
-        s.dmin = ld_f16(b + 2);
-        const uint8_t* qs = b + 48 + 32 * (sb >> 1);
+        k4_head(b, sb, s);
+        uint32_t qs[8], qh[8];
+        ld_words<2>(b + 48 + 32 * (sb >> 1), qs);
+        ld_words<2>(b + 16, qh);
         int shift = 4 * (sb & 1);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            uint32_t lo = (ld_u32(qs + 4 * i) >> shift) & 0x0f0f0f0fu;
-            uint32_t hi = ((ld_u32(b + 16 + 4 * i) >> sb) & 0x01010101u) << 4;
+            uint32_t lo = (qs[i] >> shift) & 0x0f0f0f0fu;
+            uint32_t hi = ((qh[i] >> sb) & 0x01010101u) << 4;
             s.q[i] = (int)(lo | hi);
         }
     }
@@ -476,6 +526,40 @@ __device__ __forceinline__ void dequant_sub(const Sub& s, float out[32]) {
             out[16 * h + i] = v;
         }
     }
+}
+
+// The widest alignment (16, 4 or 1 bytes) that every block of a row has when the row
+// starts that aligned.
+template <class F>
+__device__ __forceinline__ constexpr size_t block_align() {
+    return F::BYTES % 16 == 0 ? 16 : F::BYTES % 4 == 0 ? 4 : 1;
+}
+
+// F::decode of sub-block `sb` of the block at `b` (in global memory, or in shared memory
+// with SHARED, staged at its global address's offset mod 16). A block_align<F>()-aligned
+// block (every block of a row that starts aligned: one branch, the same way for the whole
+// warp) is decoded with each ld_u32 one load and the words of a 16-aligned block in
+// 16-byte loads. Plain F::decode tests each ld_u32's address and the compiler predicates
+// both paths, so the four byte loads of the unaligned one are issued too (Q4_K, NVRTC 13
+// for sm_90: ~150 instructions a sub-block where ~50 do).
+template <class F, bool SHARED = false>
+__device__ __forceinline__ void decode_sub(const uint8_t* b, int sb, Sub& s) {
+#if defined(__CUDA_ARCH__) && DECODE_ALIGNED
+    constexpr size_t low = block_align<F>() - 1;
+    if (low != 0 && ((unsigned long long)b & low) == 0) {
+        // The address with its (zero) low bits cleared: the compiler learns them from
+        // that, not from __builtin_assume_aligned or __builtin_assume (NVRTC 13 kept both
+        // paths with either). Through the address space's window, so loads stay LDG / LDS.
+        const uint8_t* a;
+        if (SHARED)
+            a = (const uint8_t*)__cvta_shared_to_generic(__cvta_generic_to_shared(b) & ~low);
+        else
+            a = (const uint8_t*)__cvta_global_to_generic(__cvta_generic_to_global(b) & ~low);
+        F::decode(a, sb, s);
+        return;
+    }
+#endif
+    F::decode(b, sb, s);
 }
 
 // Applies `body` to the format type of ggml type id `type` (the formats that have
