@@ -26,7 +26,7 @@
 struct MmShared {
     int8_t q[MM_ACT_VALUES];          // activation quants
     float d[MM_ACT_VALUES / 32];      // scale of each 32 values (Q8_K: its block's, repeated)
-    float s[MM_ACT_VALUES / 32];      // Q8_1's d·Σq, f16-rounded
+    float s[MM_ACT_VALUES / 32];      // Q8_1's d·Σq, f16-rounded; Q8_K: packed half sums
     // Per warp, one staging step of each of its MM_ROWS rows.
     uint4 stage[MM_WARPS][MM_ROWS * MM_STAGE_U4];
 };
@@ -67,22 +67,33 @@ __device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len,
     if (qstride == 0) qstride = len;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (ACT == ACT_Q8_K) {
+        // Lane l takes values 8l..8l+7 of each 256-value block: two 16-byte loads, one
+        // 8-byte store of quants, and each 16 values' sum from two lanes. Which lane takes
+        // which value changes nothing: the largest magnitude and its first index are
+        // order-free, and each value is quantised alone.
         const uint32_t per_row = len / 256, blocks = per_row * u.tn;
         for (uint32_t b = warp; b < blocks; b += nwarps) {
             const uint32_t i = b / per_row, off = (b % per_row) * 256;
-            const float* xr = u.x + mm_row(u.x_rows, i) * u.x_stride + k0 + off;
+            const float* xr = u.x + mm_row(u.x_rows, i) * u.x_stride + k0 + off + 8 * lane;
             float v[8];
+            if (((unsigned long long)xr & 15) == 0) {
+                const float4 a = ((const float4*)xr)[0], c = ((const float4*)xr)[1];
+                v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+                v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+            } else {
+#pragma unroll
+                for (int r = 0; r < 8; r++) v[r] = xr[r];
+            }
             float amax = 0.0f, vmax = 0.0f;
             int at = 0x7fffffff;
             // The signed value of largest magnitude, the first one on ties.
 #pragma unroll
             for (int r = 0; r < 8; r++) {
-                v[r] = xr[lane + 32 * r];
                 float a = fabsf(v[r]);
                 if (a > amax) {
                     amax = a;
                     vmax = v[r];
-                    at = lane + 32 * r;
+                    at = 8 * lane + r;
                 }
             }
             for (int o = 16; o > 0; o >>= 1) {
@@ -95,20 +106,32 @@ __device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len,
                     at = at2;
                 }
             }
-            int8_t* q = sh.q + i * qstride + off;
+            int* q = (int*)(sh.q + i * qstride + off + 8 * lane);
+            const uint32_t sub = (i * len + off) / 32;  // the block's first sub-block
+            int sum = 0;
             if (amax == 0.0f) {
+                q[0] = 0;
+                q[1] = 0;
+                if (lane < 8) sh.d[sub + lane] = 0.0f;
+            } else {
+                const float iscale = -127.0f / vmax;
+                uint32_t w[2] = {0u, 0u};
 #pragma unroll
-                for (int r = 0; r < 8; r++) q[lane + 32 * r] = 0;
-                if (lane < 8) sh.d[(i * len + off) / 32 + lane] = 0.0f;
-                continue;
+                for (int r = 0; r < 8; r++) {
+                    const int qi = min(__float2int_rn(__fmul_rn(iscale, v[r])), 127);
+                    sum += qi;
+                    w[r / 4] |= ((uint32_t)qi & 255u) << (8 * (r % 4));
+                }
+                q[0] = (int)w[0];
+                q[1] = (int)w[1];
+                if (lane < 8) sh.d[sub + lane] = 1.0f / iscale;
             }
-            const float iscale = -127.0f / vmax;
-#pragma unroll
-            for (int r = 0; r < 8; r++) {
-                int qi = __float2int_rn(__fmul_rn(iscale, v[r]));
-                q[lane + 32 * r] = (int8_t)min(qi, 127);
-            }
-            if (lane < 8) sh.d[(i * len + off) / 32 + lane] = 1.0f / iscale;
+            // Each sub-block's two half sums Σa, packed as int16s in `s` (Q8_K has no
+            // Q8_1 sums there): the formats with mins take them instead of adding the
+            // quants up for every weight row (dot_sub, mvq_dot, mma.cuh).
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);  // this lane's 16 values
+            const int upper = __shfl_xor_sync(FULL_MASK, sum, 2);  // lane + 2 where lane % 4 == 0
+            if ((lane & 3) == 0) ((int*)sh.s)[sub + lane / 4] = (sum & 0xffff) | (upper << 16);
         }
     } else {
         const uint32_t per_row = len / 32, blocks = per_row * u.tn;
@@ -223,9 +246,35 @@ __device__ __forceinline__ float sub_value(const Sub& s, int isum0, int isum1, i
     return r;
 }
 
+// 0: the one-token and window products add a sub-block's activation quants up again for
+// every weight row instead of taking quantise_tile's half sums (as before session 17), for
+// measuring against on the same build (kernel-cache variants).
+#ifndef ACT_HALF_SUMS
+#define ACT_HALF_SUMS 1
+#endif
+
+// Σa over each half of the 32 activation quants at `a` (dp4a), as ACT_HALF_SUMS=0 does.
+__device__ __forceinline__ void add_half_sums(const int* a, int& b0, int& b1) {
+    b0 = 0;
+    b1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        b0 = __dp4a(0x01010101, a[i], b0);
+        b1 = __dp4a(0x01010101, a[4 + i], b1);
+    }
+}
+
+// The two half sums Σa of a sub-block's activation, as quantise_tile packs them for Q8_K
+// (the activation of every format with mins).
+__device__ __forceinline__ void half_sums(int packed, int& b0, int& b1) {
+    b0 = (int)(int16_t)(packed & 0xffff);
+    b1 = packed >> 16;
+}
+
 // One decoded weight sub-block dotted with 32 staged activation values.
 template <class F, class S>
 __device__ __forceinline__ float dot_sub(const Sub& s, const S& sh, uint32_t at) {
+    static_assert(!F::MIN || F::ACT == ACT_Q8_K, "mins take Q8_K's packed half sums");
     const int* a = (const int*)(sh.q + at);
     int isum0 = 0, isum1 = 0, b0 = 0, b1 = 0;
 #pragma unroll
@@ -233,13 +282,8 @@ __device__ __forceinline__ float dot_sub(const Sub& s, const S& sh, uint32_t at)
         isum0 = __dp4a(s.q[i], a[i], isum0);
         isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
     }
-    if (F::MIN) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            b0 = __dp4a(0x01010101, a[i], b0);
-            b1 = __dp4a(0x01010101, a[4 + i], b1);
-        }
-    }
+    if (F::MIN && ACT_HALF_SUMS) half_sums(((const int*)sh.s)[at / 32], b0, b1);
+    if (F::MIN && !ACT_HALF_SUMS) add_half_sums(a, b0, b1);
     return sub_value<F>(s, isum0, isum1, b0, b1, sh.d[at / 32], F::OFFSET ? sh.s[at / 32] : 0.0f);
 }
 

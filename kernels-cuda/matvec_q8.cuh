@@ -35,8 +35,8 @@
 #define MVQ_TOKENS 8      // activation rows mul_mat_vec_q8_rows takes (a verify window's)
 
 // The quantised activation row in the scratch buffer, for k values: the quants at 0, the
-// scale of each 32 values at byte k, Q8_1's sums at byte k + k / 8 (quantise_tile's fields,
-// as pointers).
+// scale of each 32 values at byte k, Q8_1's sums (Q8_K: packed half sums) at byte
+// k + k / 8 (quantise_tile's fields, as pointers).
 struct MvqAct {
     int8_t* q;
     float* d;
@@ -136,17 +136,13 @@ __device__ __forceinline__ float mvq_dot(const Sub& s, const int* a, float da, f
         isum0 = __dp4a(s.q[i], a[i], isum0);
         isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
     }
-    if (F::MIN) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            b0 = __dp4a(0x01010101, a[i], b0);
-            b1 = __dp4a(0x01010101, a[4 + i], b1);
-        }
-    }
+    if (F::MIN && ACT_HALF_SUMS) half_sums((int)__float_as_uint(sa), b0, b1);  // mvq_load_act's
+    if (F::MIN && !ACT_HALF_SUMS) add_half_sums(a, b0, b1);
     return sub_value<F>(s, isum0, isum1, b0, b1, da, sa);
 }
 
-// The activation a lane meets in one step: 32 quants and their scale (and Q8_1 sum).
+// The activation a lane meets in one step: 32 quants and their scale, and Q8_1's sum or
+// for the formats with mins the packed half sums (as a float's bits).
 struct MvqLaneAct {
     int q[8];
     float d, s;
@@ -173,7 +169,7 @@ __device__ __forceinline__ void mvq_load_act(const MvqActRow& act, uint32_t v, M
     out.q[7] = (int)hi.w;
     const float* d = (const float*)(act.base + act.k);
     out.d = d[v / 32];
-    out.s = F::OFFSET ? d[act.k / 32 + v / 32] : 0.0f;
+    out.s = F::OFFSET || F::MIN ? d[act.k / 32 + v / 32] : 0.0f;
 }
 
 // The rows of mul_mat_vec_q8: unit g is rows g · nw.. (warp i takes row g · nw + i).

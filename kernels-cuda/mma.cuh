@@ -99,9 +99,9 @@ __device__ __forceinline__ int mma_tokens(uint64_t row_bytes, uint32_t k, uint32
     return 0;
 }
 
-// The quantised activation tile as quantise_tile sees it. `s` holds Q8_1's sums, or for
-// the formats with mins (whose activation is Q8_K, which has no sums) each sub-block's
-// two half sums Σa, packed as int16s.
+// The quantised activation tile as quantise_tile writes it. `s` holds Q8_1's sums, or for
+// Q8_K (the activation of the formats with mins) each sub-block's two half sums Σa,
+// packed as int16s.
 struct MmaAct {
     int8_t* q;
     float* d;
@@ -123,23 +123,6 @@ __device__ __forceinline__ void mma_stage_weights(uint8_t* ws, const uint8_t* w,
             cp_async16(ws + r * l.w_stride + seg * 16, (const void*)(a0 + (uint64_t)seg * 16));
     }
     cp_async_wait_all();
-}
-
-// The tile's two half sums of every sub-block (formats with mins), from the quants.
-template <class F>
-__device__ __forceinline__ void mma_half_sums(MmaAct& act, int tn, const MmaLayout& l) {
-    if (!F::MIN) return;
-    for (uint32_t i = threadIdx.x; i < (uint32_t)tn * l.nsub; i += blockDim.x) {
-        const uint32_t tok = i / l.nsub, j = i % l.nsub;
-        const int* a = (const int*)(act.q + tok * l.a_stride + j * 32);
-        int b0 = 0, b1 = 0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            b0 = __dp4a(0x01010101, a[w], b0);
-            b1 = __dp4a(0x01010101, a[4 + w], b1);
-        }
-        ((int*)act.s)[i] = (b0 & 0xffff) | (b1 << 16);
-    }
 }
 
 // One warp's share of a token tile: rows 16·rf.. of the staged weights (rows at or past
@@ -184,9 +167,7 @@ __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t r
                     int b0 = 0, b1 = 0;
                     float s = 0.0f;
                     if (F::MIN) {
-                        const int packed = ((const int*)act.s)[at];
-                        b0 = (int)(int16_t)(packed & 0xffff);
-                        b1 = packed >> 16;
+                        half_sums(((const int*)act.s)[at], b0, b1);
                     }
                     if (F::OFFSET) s = act.s[at];
                     const float v = sub_value<F>(e < 2 ? sa : sb, lo[e], hi[e], b0, b1, act.d[at], s);
@@ -253,7 +234,6 @@ template <class F>
 __device__ __forceinline__ void mma_quantise(MmaAct& act, const MmUnit& u, const MmaLayout& l) {
     quantise_tile<F::ACT>(act, u, 0, u.k, l.a_stride);
     __syncthreads();
-    mma_half_sums<F>(act, u.tn, l);
 }
 
 __device__ __forceinline__ MmaAct mma_act(uint8_t* smem, const MmaLayout& l) {
