@@ -246,24 +246,6 @@ __device__ __forceinline__ float sub_value(const Sub& s, int isum0, int isum1, i
     return r;
 }
 
-// 0: the one-token and window products add a sub-block's activation quants up again for
-// every weight row instead of taking quantise_tile's half sums (as before session 17), for
-// measuring against on the same build (kernel-cache variants).
-#ifndef ACT_HALF_SUMS
-#define ACT_HALF_SUMS 1
-#endif
-
-// Σa over each half of the 32 activation quants at `a` (dp4a), as ACT_HALF_SUMS=0 does.
-__device__ __forceinline__ void add_half_sums(const int* a, int& b0, int& b1) {
-    b0 = 0;
-    b1 = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        b0 = __dp4a(0x01010101, a[i], b0);
-        b1 = __dp4a(0x01010101, a[4 + i], b1);
-    }
-}
-
 // The two half sums Σa of a sub-block's activation, as quantise_tile packs them for Q8_K
 // (the activation of every format with mins).
 __device__ __forceinline__ void half_sums(int packed, int& b0, int& b1) {
@@ -282,8 +264,7 @@ __device__ __forceinline__ float dot_sub(const Sub& s, const S& sh, uint32_t at)
         isum0 = __dp4a(s.q[i], a[i], isum0);
         isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
     }
-    if (F::MIN && ACT_HALF_SUMS) half_sums(((const int*)sh.s)[at / 32], b0, b1);
-    if (F::MIN && !ACT_HALF_SUMS) add_half_sums(a, b0, b1);
+    if (F::MIN) half_sums(((const int*)sh.s)[at / 32], b0, b1);
     return sub_value<F>(s, isum0, isum1, b0, b1, sh.d[at / 32], F::OFFSET ? sh.s[at / 32] : 0.0f);
 }
 

@@ -136,8 +136,7 @@ __device__ __forceinline__ float mvq_dot(const Sub& s, const int* a, float da, f
         isum0 = __dp4a(s.q[i], a[i], isum0);
         isum1 = __dp4a(s.q[4 + i], a[4 + i], isum1);
     }
-    if (F::MIN && ACT_HALF_SUMS) half_sums((int)__float_as_uint(sa), b0, b1);  // mvq_load_act's
-    if (F::MIN && !ACT_HALF_SUMS) add_half_sums(a, b0, b1);
+    if (F::MIN) half_sums((int)__float_as_uint(sa), b0, b1);  // mvq_load_act's packed sums
     return sub_value<F>(s, isum0, isum1, b0, b1, da, sa);
 }
 

@@ -265,28 +265,11 @@ struct Q3_K {
     }
 };
 
-// 0: the decoders as before session 17 (per-field byte loads, decode_sub a plain
-// F::decode), for measuring against on the same build (kernel-cache variants).
-#ifndef DECODE_ALIGNED
-#define DECODE_ALIGNED 1
-#endif
-
-// get_scale_min_k4: scale and min of sub-block `j` of a Q4_K/Q5_K block.
-__device__ __forceinline__ void k4_scale_min(const uint8_t* sc, int j, int& scale, int& min) {
-    if (j < 4) {
-        scale = (int)(ld_u8(sc + j) & 63u);
-        min = (int)(ld_u8(sc + j + 4) & 63u);
-    } else {
-        scale = (int)((ld_u8(sc + j + 4) & 15u) | ((ld_u8(sc + j - 4) >> 6) << 4));
-        min = (int)((ld_u8(sc + j + 4) >> 4) | ((ld_u8(sc + j) >> 6) << 4));
-    }
-}
-
 // The 16 · N bytes at p as 4 · N words: 16-byte loads where p is 16-aligned (decode_sub
 // lets the compiler know that, and drop the other path).
 template <int N>
 __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t (&w)[4 * N]) {
-#if defined(__CUDA_ARCH__) && DECODE_ALIGNED
+#if defined(__CUDA_ARCH__)
     if (((unsigned long long)p & 15) == 0) {
 #pragma unroll
         for (int i = 0; i < N; i++) {
@@ -304,15 +287,6 @@ __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t (&w)[4 * N])
 // bytes of scales), decoded for sub-block `j`: ggml's get_scale_min_k4 on those bytes, with
 // the bytes taken out of the words in registers (one load a block, not a byte a field).
 __device__ __forceinline__ void k4_head(const uint8_t* b, int j, Sub& s) {
-#if !DECODE_ALIGNED
-    int scale0, min0;
-    k4_scale_min(b + 4, j, scale0, min0);
-    sub_init(s, ld_f16(b), scale0);
-    s.mn[0] = min0;
-    s.mn[1] = min0;
-    s.dmin = ld_f16(b + 2);
-    return;
-#endif
     uint32_t h[4];
     ld_words<1>(b, h);
     // scales[i] is byte i % 4 of h[1 + i / 4]; j < 4 reads scales[j], [j + 4]; j >= 4
@@ -544,7 +518,7 @@ __device__ __forceinline__ constexpr size_t block_align() {
 // for sm_90: ~150 instructions a sub-block where ~50 do).
 template <class F, bool SHARED = false>
 __device__ __forceinline__ void decode_sub(const uint8_t* b, int sb, Sub& s) {
-#if defined(__CUDA_ARCH__) && DECODE_ALIGNED
+#if defined(__CUDA_ARCH__)
     constexpr size_t low = block_align<F>() - 1;
     if (low != 0 && ((unsigned long long)b & low) == 0) {
         // The address with its (zero) low bits cleared: the compiler learns them from
