@@ -19,6 +19,37 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels-cuda"
 
 
+def compile_module(lib: str, source: Path, arch: str, defines: list[str],
+                   ptxas_verbose: bool = False) -> tuple[bool, str, bytes]:
+    """NVRTC on one module with every kernels-cuda/*.cuh as a header (--std=c++17), as the
+    CUDA backend compiles it: (compiled, log, cubin)."""
+    nv = ctypes.CDLL(lib)
+    headers = sorted(KERNELS.glob("*.cuh"))
+    arr = lambda xs: (ctypes.c_char_p * len(xs))(*xs)
+    prog = ctypes.c_void_p()
+    r = nv.nvrtcCreateProgram(ctypes.byref(prog), source.read_text().encode(),
+                              source.name.encode(), len(headers),
+                              arr([h.read_text().encode() for h in headers]),
+                              arr([h.name.encode() for h in headers]))
+    assert r == 0, r
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
+    opts += [b"--ptxas-options=-v"] if ptxas_verbose else []
+    opts += [f"-D{d}".encode() for d in defines]
+    ok = nv.nvrtcCompileProgram(prog, len(opts), arr(opts)) == 0
+    size = ctypes.c_size_t()
+    nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nv.nvrtcGetProgramLog(prog, log)
+    cubin = b""
+    if ok:
+        nv.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        nv.nvrtcGetCUBIN(prog, buf)
+        cubin = buf.raw
+    nv.nvrtcDestroyProgram(ctypes.byref(prog))
+    return ok, log.value.decode(errors="replace"), cubin
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
@@ -26,30 +57,13 @@ def main() -> int:
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("modules", nargs="*")
     a = ap.parse_args()
-    nv = ctypes.CDLL(a.lib)
-    headers = sorted(KERNELS.glob("*.cuh"))
-    names = [h.name.encode() for h in headers]
-    texts = [h.read_text().encode() for h in headers]
     modules = a.modules or [p.stem for p in sorted(KERNELS.glob("*.cu"))]
     failed = 0
     for m in modules:
-        src = (KERNELS / f"{m}.cu").read_text().encode()
-        prog = ctypes.c_void_p()
-        arr = lambda xs: (ctypes.c_char_p * len(xs))(*xs)
-        r = nv.nvrtcCreateProgram(ctypes.byref(prog), src, f"{m}.cu".encode(), len(headers),
-                                  arr(texts), arr(names))
-        assert r == 0, r
-        opts = [f"--gpu-architecture={a.arch}".encode(), b"--std=c++17", b"--ptxas-options=-v"]
-        opts += [f"-D{d}".encode() for d in a.defines]
-        r = nv.nvrtcCompileProgram(prog, len(opts), arr(opts))
-        size = ctypes.c_size_t()
-        nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        nv.nvrtcGetProgramLog(prog, log)
-        print(f"== {m}.cu ({a.arch}): {'ok' if r == 0 else 'FAILED'}")
-        print(log.value.decode(errors="replace"))
-        failed += r != 0
-        nv.nvrtcDestroyProgram(ctypes.byref(prog))
+        ok, log, _ = compile_module(a.lib, KERNELS / f"{m}.cu", a.arch, a.defines, True)
+        print(f"== {m}.cu ({a.arch}): {'ok' if ok else 'FAILED'}")
+        print(log)
+        failed += not ok
     return 1 if failed else 0
 
 

@@ -15,42 +15,14 @@ anywhere (pip download --no-deps nvidia-cuda-nvrtc nvidia-cuda-nvdisasm; unzip -
 --lib and --nvdisasm point at them.
 """
 import argparse
-import ctypes
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "kernels-cuda"
-
-
-def compile_cubin(lib: str, module: Path, arch: str, defines: list[str]) -> bytes:
-    nv = ctypes.CDLL(lib)
-    headers = sorted(KERNELS.glob("*.cuh"))
-    arr = lambda xs: (ctypes.c_char_p * len(xs))(*xs)
-    prog = ctypes.c_void_p()
-    r = nv.nvrtcCreateProgram(ctypes.byref(prog), module.read_text().encode(),
-                              module.name.encode(), len(headers),
-                              arr([h.read_text().encode() for h in headers]),
-                              arr([h.name.encode() for h in headers]))
-    assert r == 0, r
-    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
-    opts += [f"-D{d}".encode() for d in defines]
-    r = nv.nvrtcCompileProgram(prog, len(opts), arr(opts))
-    if r != 0:
-        size = ctypes.c_size_t()
-        nv.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        nv.nvrtcGetProgramLog(prog, log)
-        sys.exit(log.value.decode(errors="replace"))
-    size = ctypes.c_size_t()
-    nv.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    nv.nvrtcGetCUBIN(prog, buf)
-    nv.nvrtcDestroyProgram(ctypes.byref(prog))
-    return buf.raw
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_nvrtc_check import KERNELS, compile_module  # noqa: E402
 
 
 def sections(sass: str) -> dict[str, list[str]]:
@@ -78,7 +50,9 @@ def main() -> int:
     ap.add_argument("--stats", action="store_true")
     a = ap.parse_args()
     module = Path(a.module) if a.module.endswith(".cu") else KERNELS / f"{a.module}.cu"
-    cubin = compile_cubin(a.lib, module, a.arch, a.defines)
+    ok, log, cubin = compile_module(a.lib, module, a.arch, a.defines)
+    if not ok:
+        sys.exit(log)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
