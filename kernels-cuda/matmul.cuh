@@ -67,8 +67,8 @@ __device__ void quantise_tile(S& sh, const MmUnit& u, uint32_t k0, uint32_t len,
     if (qstride == 0) qstride = len;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (ACT == ACT_Q8_K) {
-        // Lane l takes values 8l..8l+7 of each 256-value block: two 16-byte loads, one
-        // 8-byte store of quants, and each 16 values' sum from two lanes. Which lane takes
+        // Lane l takes values 8l..8l+7 of each 256-value block: two 16-byte loads, two
+        // 4-byte stores of quants, and each 16 values' sum from two lanes. Which lane takes
         // which value changes nothing: the largest magnitude and its first index are
         // order-free, and each value is quantised alone.
         const uint32_t per_row = len / 256, blocks = per_row * u.tn;

@@ -166,9 +166,7 @@ __device__ void mma_warp_tile(const uint8_t* ws, const uint8_t* wsrc, uint64_t r
                     const uint32_t at = tok * l.nsub + j;
                     int b0 = 0, b1 = 0;
                     float s = 0.0f;
-                    if (F::MIN) {
-                        half_sums(((const int*)act.s)[at], b0, b1);
-                    }
+                    if (F::MIN) half_sums(((const int*)act.s)[at], b0, b1);
                     if (F::OFFSET) s = act.s[at];
                     const float v = sub_value<F>(e < 2 ? sa : sb, lo[e], hi[e], b0, b1, act.d[at], s);
                     acc[f][e] = __fadd_rn(acc[f][e], v);

@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels-cuda"
+NVRTC_LIB = "/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13"  # the wheel unpacked as above
 
 
 def compile_module(lib: str, source: Path, arch: str, defines: list[str],
@@ -53,7 +54,7 @@ def compile_module(lib: str, source: Path, arch: str, defines: list[str],
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--lib", default="/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13")
+    ap.add_argument("--lib", default=NVRTC_LIB)
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("modules", nargs="*")
     a = ap.parse_args()

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_nvrtc_check import KERNELS, compile_module  # noqa: E402
+from cuda_nvrtc_check import KERNELS, NVRTC_LIB, compile_module  # noqa: E402
 
 
 def sections(sass: str) -> dict[str, list[str]]:
@@ -43,7 +43,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("module", help="a kernels-cuda/*.cu stem, or a path to a .cu file")
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--lib", default="/tmp/nvrtc/nvidia/cu13/lib/libnvrtc.so.13")
+    ap.add_argument("--lib", default=NVRTC_LIB)
     ap.add_argument("--nvdisasm", default="/tmp/nvd/x/nvidia/cu13/bin/nvdisasm")
     ap.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--function")
