@@ -12,17 +12,6 @@
 #include "matvec_window.cuh"
 #include "matvec_window_q8.cuh"
 
-// Rows r0..r0 + rows (below m) of every pair in `mask` set to NaN: a window unit whose key
-// is invalid (the two window kernels below).
-__device__ __forceinline__ void nan_pair_rows(float* y, uint64_t mask, uint32_t m, uint32_t r0,
-                                              uint32_t rows) {
-    for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
-        const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
-        for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-            y[p * m + r] = nan_f32();
-    }
-}
-
 // The per-pair units of mul_mat_experts_cached (below), over the block's share of the grid.
 __device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* slots,
                                                   const int32_t* table, const float* x,
@@ -152,34 +141,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
     pdl_begin();  // the ids are the router's, the quants the quantise kernel's
     __shared__ MvwqShared sh;
     const uint64_t pairs = (uint64_t)n_tokens * n_used;
-    if ((blockDim.x & 31) != 0 || !mm_shape_ok(type, k) || mvq_act_type(type) < 0 ||
-        pairs > MVW_PAIRS || k >= 0x80000000u) {
-        for (uint64_t i = global_thread(); i < pairs * m; i += global_threads()) y[i] = nan_f32();
-        return;
-    }
+    if (!mvwq_launch_ok(type, k, pairs)) return fill_nan(y, pairs * m);
     (void)x;
-    const uint32_t rows = mv_rows_per_unit();
-    const uint32_t groups = (m + rows - 1) / rows;
-    // Blocks past the most units a launch of this size can have leave at once.
-    if (blockIdx.x >= pairs * groups) return;
-    // 32-bit unit arithmetic (64 keys x groups), fewer registers held across the units.
-    const uint32_t units = (uint32_t)window_keys(sh, ids, (uint32_t)pairs, n_expert) * groups;
-    // Grid-stride: the backend's grid (variants.rs cached_window_q8_blocks) is one wave at
-    // most, so a block computes the window's keys once for several units.
-    for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t rank = un / groups, r0 = (un - rank * groups) * rows;
-        // Block-uniform: every thread sees the same key, table entry and pairs.
-        const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
-        const uint64_t mask = mvwq_pairs_of_key(sh, key, (uint32_t)pairs);
-        if (key < 0) {
-            nan_pair_rows(y, mask, m, r0, rows);
-            continue;
-        }
-        const int32_t s = table[key];
-        if (s < 0) continue;  // the CPU pool computes this expert's pairs
-        const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
-        mvwq_unit_of(type, l, slots + (uint64_t)s * slot_bytes + matrix_offset, r0, mask);
-    }
+    const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
+    mvwq_expert_units(sh, l, type, ids, (uint32_t)pairs, n_expert, [&](int e) -> const uint8_t* {
+        const int32_t s = table[e];
+        // No slot: the CPU pool computes this expert's pairs.
+        return s < 0 ? nullptr : slots + (uint64_t)s * slot_bytes + matrix_offset;
+    });
 }
 
 // mul_mat_experts_cached for launches of more than MOE_GROUP_MIN_TOKENS tokens (verify

@@ -79,6 +79,17 @@ __device__ __forceinline__ int window_keys(S& sh, const int32_t* ids, uint32_t p
     return __popcll(sh.firsts);
 }
 
+// Rows r0..r0 + rows (below m) of every pair in `mask` set to NaN: a window unit whose key
+// is invalid (the window kernels of experts.cu and model.cu).
+__device__ __forceinline__ void nan_pair_rows(float* y, uint64_t mask, uint32_t m, uint32_t r0,
+                                              uint32_t rows) {
+    for (uint64_t rest = mask; rest != 0; rest &= rest - 1) {
+        const uint64_t p = (uint64_t)(__ffsll((long long)rest) - 1);
+        for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+            y[p * m + r] = nan_f32();
+    }
+}
+
 // The pairs with key `key` (bit p: pair p), read from sh.keys by each thread.
 __device__ __forceinline__ uint64_t pairs_of_key(const MvwShared& sh, int key, uint32_t pairs) {
     uint64_t mask = 0;

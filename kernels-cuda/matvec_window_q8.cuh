@@ -166,3 +166,44 @@ __device__ __forceinline__ void mvwq_unit_of(uint32_t type, const MvwqLaunch& l,
         default: break;
     }
 }
+
+// Whether the _q8 window products take a launch of `pairs` pairs of `type` weights in rows
+// of `k` values (else they fill their output with NaN): whole warps, a quantised format
+// (float weights have nothing to quantise), at most MVW_PAIRS pairs, rows below 2^31 values.
+__device__ __forceinline__ bool mvwq_launch_ok(uint32_t type, uint32_t k, uint64_t pairs) {
+    return (blockDim.x & 31) == 0 && mm_shape_ok(type, k) && mvq_act_type(type) >= 0 &&
+           pairs <= MVW_PAIRS && k < 0x80000000u;
+}
+
+// A window's expert products over the block's share of the grid (experts.cu's
+// mul_mat_experts_cached_multi_q8 over the cache's slots, model.cu's mul_mat_experts_multi_q8
+// over resident experts): a unit per (expert the `pairs` pairs route to, the rows of a
+// one-token unit), mvwq_unit over all the expert's pairs. `weights_of(e)` is expert e's
+// matrix, or nullptr for an expert the launch leaves alone (its pairs' rows untouched);
+// ids outside [0, n_expert) give their pairs NaN rows.
+template <class WeightsOf>
+__device__ __forceinline__ void mvwq_expert_units(MvwqShared& sh, const MvwqLaunch& l,
+                                                  uint32_t type, const int32_t* ids,
+                                                  uint32_t pairs, uint32_t n_expert,
+                                                  WeightsOf weights_of) {
+    const uint32_t rows = mv_rows_per_unit();
+    const uint32_t groups = (l.m + rows - 1) / rows;
+    // Blocks past the most units a launch of this size can have leave at once.
+    if (blockIdx.x >= pairs * groups) return;
+    // 32-bit unit arithmetic (64 keys x groups), fewer registers held across the units.
+    const uint32_t units = (uint32_t)window_keys(sh, ids, pairs, n_expert) * groups;
+    // Grid-stride: the backend's grid (variants.rs window_q8_blocks) is one wave at most,
+    // so a block computes the window's keys once for several units.
+    for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
+        const uint32_t rank = un / groups, r0 = (un - rank * groups) * rows;
+        // Block-uniform: every thread sees the same key, weights and pairs.
+        const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
+        const uint64_t mask = mvwq_pairs_of_key(sh, key, pairs);
+        if (key < 0) {
+            nan_pair_rows(l.y, mask, l.m, r0, rows);
+            continue;
+        }
+        const uint8_t* w = weights_of(key);
+        if (w != nullptr) mvwq_unit_of(type, l, w, r0, mask);
+    }
+}

@@ -28,6 +28,8 @@
 #include "mma.cuh"
 #include "mma_units.cuh"
 #include "matvec_q8.cuh"
+#include "matvec_window.cuh"
+#include "matvec_window_q8.cuh"
 #include "mmq.cuh"
 #include "rope.cuh"
 #include "rownorm.cuh"
@@ -409,9 +411,10 @@ struct MvqSlotRows {
 // mul_mat_experts for one token over activation rows quantised once (matvec_q8.cuh): the
 // CUDA backend's variant for one-token launches of the quantised formats, bit for bit
 // mul_mat_experts_vec's results. The backend launches quantise_act_q8_experts just before
-// it on the same stream (the token's row, or each slot's with x_per_slot, at
-// mvq_row_stride apart), both with mul_mat_experts' arguments and `act`, its per-stream
-// scratch; n_tokens must be 1. The rows are the router's choice: nothing is requested
+// it (and before mul_mat_experts_multi_q8, below) on the same stream: every activation
+// row of the launch (a token's, or a slot's with x_per_slot) at mvq_row_stride apart, both
+// with mul_mat_experts' arguments and `act`, its per-stream scratch, which the backend
+// sizes; n_tokens must be 1 here. The rows are the router's choice: nothing is requested
 // before the previous kernel is done.
 extern "C" __global__ void __launch_bounds__(256)
     quantise_act_q8_experts(const uint8_t* w, const float* x, const int32_t* ids, float* y,
@@ -419,7 +422,35 @@ extern "C" __global__ void __launch_bounds__(256)
                             uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes,
                             uint8_t* act) {
     pdl_begin_release_next();
-    if (n_tokens == 1) mvq_quantise_rows(x, act, type, k, x_per_slot ? n_used : 1);
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    // The launches the two products take; others they refuse.
+    if (n_tokens != 1 && pairs > MVW_PAIRS) return;
+    mvq_quantise_rows(x, act, type, k, x_per_slot ? (uint32_t)pairs : n_tokens);
+}
+
+// mul_mat_experts for verify windows of the quantised formats (the backend sends 2..=8
+// tokens; any launch of up to MVW_PAIRS pairs works) over resident experts (expert e at
+// byte e · expert_bytes of w), over the rows quantise_act_q8_experts left in `act`: experts.cu's mul_mat_experts_cached_multi_q8 units
+// (matvec_window_q8.cuh), so each routed expert's rows are read once for all the pairs
+// routed to it, where mul_mat_experts reads them once a tile of pairs and its per-pair
+// forms once a pair. Each pair's rows are bit for bit mul_mat_experts_q8's for that pair's
+// token alone (mv_dot's arithmetic): a window's tokens get a step's outputs, as greedy
+// speculative decoding needs. Negative ids give NaN rows (ids past the experts are the
+// caller's bug, as for mul_mat_experts); a launch it cannot take gets NaN everywhere.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    mul_mat_experts_multi_q8(const uint8_t* w, const float* x, const int32_t* ids, float* y,
+                             uint32_t type, uint32_t m, uint32_t k, uint32_t n_tokens,
+                             uint32_t n_used, uint32_t x_per_slot, uint64_t expert_bytes,
+                             uint8_t* act) {
+    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
+    __shared__ MvwqShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (!mvwq_launch_ok(type, k, pairs)) return fill_nan(y, pairs * m);
+    (void)x;
+    const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
+    // No bound on the ids: every non-negative one is an expert of w.
+    mvwq_expert_units(sh, l, type, ids, (uint32_t)pairs, 0x7fffffffu,
+                      [&](int e) { return w + (uint64_t)e * expert_bytes; });
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)

@@ -19,7 +19,8 @@
 # three mul_mat / the base mul_mat_qkv instead of mul_mat_qkv_q8_rows), window-noq8 (window without
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
 # smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K), ncu-win (a
-# window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out). LLAMA=0: depth
+# window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out),
+# window-res / kt-win-res (the window and its per-kernel profile with every expert on the device). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -98,6 +99,16 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
                   STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                   REPS=2 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
               done ;;
+    window-res) # the window with every expert on the device (no cache), then the same with
+              # WSKIP left out besides the defaults (RES_ROUNDS rounds, alternating)
+              for r in $(seq "${RES_ROUNDS:-1}"); do
+                run "window-res-$r" 90 env STRATA="$S" BACKEND=cuda KS=4 REPS=2 EXTRA="--cpu-threads 16" \
+                  bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+                [ -n "${WSKIP:-}" ] && run "window-res-skip-$r" 90 env STRATA_CUDA_SKIP="$DEF,$WSKIP" STRATA="$S" \
+                  BACKEND=cuda KS=4 REPS=2 EXTRA="--cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+              done ;;
+    kt-win-res) run kt-win-res 90 env STRATA_KERNEL_TIMING=1 "$S" bench -m "$F" --backend cuda \
+                  -p 64 -n 128 -r 1 --spec-window-cost 4 ;;
     window-noq8) # the same without mul_mat_experts_cached_multi_q8 (cached_multi takes the windows)
               run window-noq8 120 env STRATA_CUDA_SKIP="$NOQ8" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;

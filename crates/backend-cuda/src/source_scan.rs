@@ -77,14 +77,16 @@ mod tests {
                 .any(|d| d.name == "mul_mat_vec" && d.waits_for_previous)
         );
         // mul_mat_vec_q8 and mul_mat_vec_q8_rows (which wait themselves, once their
-        // weights are requested), mul_mat_experts_cached_multi_q8, mul_mat_qkv_q8_rows, and
-        // the kernels launched before them.
+        // weights are requested), the window expert products over quantised rows,
+        // mul_mat_qkv_q8_rows, and the kernels launched before them.
         for name in [
             "mul_mat_vec_q8",
             "mul_mat_vec_q8_rows",
             "quantise_act_q8",
             "mul_mat_experts_cached_multi_q8",
             "quantise_act_q8_window",
+            "mul_mat_experts_multi_q8",
+            "quantise_act_q8_experts",
             "mul_mat_qkv_q8_rows",
             "quantise_act_q8_qkv",
         ] {

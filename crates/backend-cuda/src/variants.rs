@@ -218,19 +218,12 @@ fn cached_multi_applies(n_tokens: u32, n_used: u32) -> bool {
             .is_some_and(|p| p <= CACHED_MULTI_MAX_PAIRS)
 }
 
-/// mul_mat_experts_cached_multi_q8's launches: `Some((activation rows, k))` for a window
-/// mul_mat_experts_cached_multi takes, of a quantised format in whole blocks, whose rows
-/// (one per token, or per pair with x_per_slot) fit the scratch at mvq_row_stride apart.
-/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
-/// x_per_slot, ...)
-fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    let (ty, k, n, used, per_slot) = (
-        u32_arg(a, 5)?,
-        u32_arg(a, 7)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-        u32_arg(a, 10)?,
-    );
+/// The _q8 window products' launches (mul_mat_experts_cached_multi_q8,
+/// mul_mat_experts_multi_q8): `Some((activation rows, k))` for a window of `n` tokens of
+/// `used` routed experts that mul_mat_experts_cached_multi takes, of weights of ggml type
+/// `ty` in whole blocks, whose rows (one per token, or per pair with `per_slot`) fit the
+/// scratch at mvq_row_stride apart.
+fn window_q8_rows(ty: u32, k: u32, n: u32, used: u32, per_slot: u32) -> Option<(u32, u32)> {
     if !cached_multi_applies(n, used) || k == 0 {
         return None;
     }
@@ -239,10 +232,41 @@ fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
     mvq_rows_fit(rows, k).then_some((rows, k))
 }
 
-/// Units of the cached expert kernels that take a unit per (routed expert, 16 rows) rather
-/// than per (pair, 16 rows): at most one per pair and per expert (ids outside the experts
-/// share one), times the row groups of `block_threads` / 32 warps of 2 rows (matvec.cuh
-/// MV_ROWS, matmul.cuh MM_ROWS; at most 8 warps compute).
+/// [`window_q8_rows`] of a launch of mul_mat_experts_cached(slots, table, x, ids, y | type,
+/// m, k, n_tokens, n_used, x_per_slot, ...).
+fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
+    window_q8_rows(
+        u32_arg(a, 5)?,
+        u32_arg(a, 7)?,
+        u32_arg(a, 8)?,
+        u32_arg(a, 9)?,
+        u32_arg(a, 10)?,
+    )
+}
+
+/// [`window_q8_rows`] of a launch of mul_mat_experts(w, x, ids, y | type, m, k, n_tokens,
+/// n_used, x_per_slot, expert_bytes).
+fn experts_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
+    window_q8_rows(
+        u32_arg(a, 4)?,
+        u32_arg(a, 6)?,
+        u32_arg(a, 7)?,
+        u32_arg(a, 8)?,
+        u32_arg(a, 9)?,
+    )
+}
+
+/// Units of the window kernels that take a unit per (routed expert, 16 rows) rather than
+/// per (pair, 16 rows), for `m` rows and `ranks` experts at most: the row groups of
+/// `block_threads` / 32 warps of 2 rows (matvec.cuh MV_ROWS, matmul.cuh MM_ROWS; at most 8
+/// warps compute) of each.
+fn expert_units(m: u32, ranks: u32, block_threads: u32) -> Option<u32> {
+    let rows = (block_threads / 32).clamp(1, 8) * 2;
+    ranks.checked_mul(m.div_ceil(rows))
+}
+
+/// [`expert_units`] of the cached expert kernels: at most one rank per pair and per expert
+/// (ids outside the experts share one).
 /// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
 /// x_per_slot, n_expert, ...)
 fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
@@ -252,9 +276,8 @@ fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
         u32_arg(a, 9)?,
         u32_arg(a, 11)?,
     );
-    let rows = (block_threads / 32).clamp(1, 8) * 2;
     let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
-    ranks.checked_mul(m.div_ceil(rows))
+    expert_units(m, ranks, block_threads)
 }
 
 /// Blocks of mul_mat_experts_cached_multi_q8: [`cached_expert_units`], at most
@@ -263,6 +286,14 @@ fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
 /// leave, and each block computes the window's keys once for all its units.
 fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
     Some(cached_expert_units(a, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
+}
+
+/// Blocks of mul_mat_experts_multi_q8, as [`cached_window_q8_blocks`]: a rank per pair (the
+/// kernel has no expert count), at most one wave.
+/// mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, ...)
+fn experts_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let (m, n, used) = (u32_arg(a, 5)?, u32_arg(a, 7)?, u32_arg(a, 8)?);
+    Some(expert_units(m, n.checked_mul(used)?, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
 }
 
 /// One wave of mul_mat_experts_cached_multi_q8 on an H200 (132 SMs of 3 blocks: its
@@ -539,6 +570,28 @@ pub(crate) const VARIANTS: &[Variant] = &[
             func: "quantise_act_q8_experts",
             grid: |a| {
                 let (rows, k) = mvq_expert_rows(a)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+        scratch: false,
+    },
+    // The same for a verify window of a quantised format: mul_mat_experts_cached_multi_q8's
+    // units over resident experts (model.cu mul_mat_experts_multi_q8), each routed expert's
+    // rows read once for all its pairs, over rows quantised once by the same pre-launch;
+    // bit for bit the per-pair forms (mul_mat_experts_vec, mul_mat_experts_q8 for a token
+    // alone). Before mul_mat_experts_vec, which keeps what this declines.
+    Variant {
+        of: KernelId::MulMatExperts,
+        func: "mul_mat_experts_multi_q8",
+        applies: |a, _| experts_multi_q8_rows(a).map(|_| 0),
+        large_smem: false,
+        grid: Some(experts_window_q8_blocks),
+        grid_exact: false,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_experts",
+            grid: |a| {
+                let (rows, k) = experts_multi_q8_rows(a)?;
                 rows.checked_mul(mvq_quantise_grid(k))
             },
             block: 256,

@@ -8,7 +8,10 @@
 //! all), windows of 2 to 8 tokens at Qwen3-30B-A3B's expert shapes (gate/up 768 x 2048 over
 //! a token's row, down 2048 x 768 over a row per pair) and a long row (staged in chunks),
 //! launched as ops.rs launches them. Pairs whose expert has no slot stay untouched, ids
-//! outside the experts give NaN rows. Skips with one line when there is no CUDA device.
+//! outside the experts give NaN rows. Then the same units over resident experts
+//! (kernels-cuda/model.cu mul_mat_experts_multi_q8, a window's mul_mat_experts) against
+//! mul_mat_experts with it left out and against each token launched alone (a decode step's
+//! products). Skips with one line when there is no CUDA device.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +20,7 @@ mod variants;
 
 use strata_core::{Args, Device, KernelId, LaunchCfg};
 use strata_quant::QuantType;
-use variants::{FORMATS, GPU, Rng, download, gpu, random_weights, same_bits};
+use variants::{FORMATS, GPU, Rng, download, expert_weights, gpu, random_weights, same_bits};
 
 /// Experts of the test's layer, and how many a token routes to.
 const N_EXPERT: usize = 24;
@@ -197,6 +200,104 @@ fn mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel() {
                     if !ok {
                         failures.push(what);
                     }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+/// mul_mat_experts on `dev` (experts `stride` bytes apart in `w`) for `ids.len() / N_USED`
+/// tokens, launched as ops.rs launches it; the output starts as -7 everywhere.
+fn resident(
+    dev: &Device,
+    ty: QuantType,
+    (m, k, stride): (usize, usize, usize),
+    w: &[u8],
+    x: &[f32],
+    ids: &[i32],
+    per_slot: bool,
+) -> Vec<f32> {
+    let s = dev.main_stream();
+    let n_tokens = ids.len() / N_USED;
+    let (bw, bx, bi) = (
+        dev.alloc_from(w, s).unwrap(),
+        dev.alloc_from(x, s).unwrap(),
+        dev.alloc_from(ids, s).unwrap(),
+    );
+    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let args = Args::new()
+        .read(&bw)
+        .read(&bx)
+        .read(&bi)
+        .write(&y)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n_tokens as u32)
+        .u32(N_USED as u32)
+        .u32(per_slot as u32)
+        .u64(stride as u64);
+    // ops.rs's shapes: up to 2 tokens 128-thread blocks of 8 rows a pair, more 256-thread
+    // blocks of 16 rows a routed expert (and one more for invalid ids).
+    let cfg = if n_tokens <= 2 {
+        LaunchCfg::linear(m.div_ceil(8) * ids.len() * 128, 128)
+    } else {
+        LaunchCfg::linear(m.div_ceil(16) * (ids.len().min(N_EXPERT) + 1) * 256, 256)
+    };
+    dev.launch(KernelId::MulMatExperts, &cfg, &args, s).unwrap();
+    download(dev, &y, s)
+}
+
+#[test]
+fn mul_mat_experts_multi_q8_is_bit_for_bit_each_token_alone() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "mul_mat_experts_multi_q8_is_bit_for_bit_each_token_alone";
+    let (Some(first), Some(without)) = (gpu(test, ""), gpu(test, "mul_mat_experts_multi_q8"))
+    else {
+        return;
+    };
+    let mut rng = Rng(0xbb67_ae85_84ca_a73b);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        for (m, k, per_slot) in [(768, 2048, false), (2048, 768, true), (40, 5120, false)] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            // Experts 64 bytes apart beyond their matrices.
+            let stride = ty.row_bytes(k).unwrap() * m + 64;
+            let w = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
+            for n_tokens in 2..=8 {
+                // routing()'s windows with its id past the experts made valid (mul_mat_experts
+                // has no bound to check ids against); the negative id stays.
+                let mut ids = routing(n_tokens, &mut rng);
+                ids[1] = (ids[0] + 1) % N_EXPERT as i32;
+                let rows = if per_slot { ids.len() } else { n_tokens };
+                let x: Vec<f32> = (0..rows * k).map(|_| 2.0 * rng.f32()).collect();
+                let shape = (m, k, stride);
+                let got = resident(&first, ty, shape, &w, &x, &ids, per_slot);
+                let grouped = resident(&without, ty, shape, &w, &x, &ids, per_slot);
+                // Each token alone, as a decode step launches it.
+                let x_rows = if per_slot { N_USED } else { 1 };
+                let alone: Vec<f32> = (0..n_tokens)
+                    .flat_map(|t| {
+                        let xt = &x[t * x_rows * k..(t + 1) * x_rows * k];
+                        let it = &ids[t * N_USED..(t + 1) * N_USED];
+                        resident(&first, ty, shape, &w, xt, it, per_slot)
+                    })
+                    .collect();
+                let nan_rows = ids
+                    .iter()
+                    .zip(got.chunks(m))
+                    .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
+                let ok = same_bits(&got, &grouped) && same_bits(&got, &alone) && nan_rows;
+                let what = format!("{ty:?} {m}x{k} per_slot {per_slot} tokens {n_tokens}");
+                println!(
+                    "mul_mat_experts_multi_q8 {what}: {}",
+                    if ok { "bit-exact" } else { "DIFFERENT" }
+                );
+                if !ok {
+                    failures.push(what);
                 }
             }
         }

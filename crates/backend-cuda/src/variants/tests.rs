@@ -366,6 +366,68 @@ fn mul_mat_experts_q8_takes_one_token() {
 }
 
 #[test]
+fn mul_mat_experts_multi_q8_takes_quantised_windows() {
+    // mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, x_per_slot, bytes)
+    let args = |ty, m, k, n_tokens, per_slot| {
+        let u = KernelArg::U32;
+        let mut a = vec![KernelArg::U64(0x1000); 4];
+        a.extend([u(ty), u(m), u(k), u(n_tokens), u(8), u(per_slot)]);
+        a.push(KernelArg::U64(1 << 20));
+        a
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[find("mul_mat_experts_multi_q8")];
+    assert_eq!(v.of, KernelId::MulMatExperts);
+    assert!(!v.large_smem && !v.scratch && !v.grid_exact);
+    // Q4_K gate/up (a token's row of 2,048) and down (a pair's row of 768): windows of
+    // 2..=8 tokens.
+    for n in 2..=8 {
+        assert_eq!((v.applies)(&args(12, 768, 2048, n, 0), 0), Some(0), "{n}");
+        assert_eq!((v.applies)(&args(12, 2048, 768, n, 1), 0), Some(0), "{n}");
+    }
+    // Not: one token (mul_mat_experts_q8's, or the per-pair kernels'), 9 tokens (72
+    // pairs), float weights, not whole blocks, rows past the scratch, fewer arguments.
+    for a in [
+        args(12, 768, 2048, 1, 0),
+        args(12, 768, 2048, 9, 0),
+        args(0, 768, 2048, 4, 0),
+        args(1, 768, 2048, 4, 0),
+        args(30, 768, 2048, 4, 0),
+        args(12, 768, 2000, 4, 0),
+        args(12, 768, 0, 4, 0),
+        args(12, 768, 16_384, 8, 1),
+    ] {
+        assert!((v.applies)(&a, 0).is_none(), "{a:?}");
+    }
+    assert!((v.applies)(&args(12, 768, 16_384, 8, 0), 0).is_some());
+    assert!((v.applies)(&args(12, 768, 2048, 4, 0)[..9], 0).is_none());
+    // One H200 wave at most: 5 tokens' 40 pairs of 768 rows have 40 x 48 units; 2 tokens of
+    // 40 rows in 4-warp blocks (ops.rs's decode-sized launch), 16 pairs x 5 units of 8.
+    let grid = v.grid.unwrap();
+    assert_eq!(grid(&args(12, 768, 2048, 5, 0), 256), Some(396));
+    assert_eq!(grid(&args(12, 40, 2048, 2, 0), 128), Some(16 * 5));
+    assert_eq!(grid(&args(12, 40, 2048, 2, 0), 256), Some(16 * 3));
+    // Every activation row quantised first by mul_mat_experts_q8's pre-launch: a token's
+    // rows, or a row per pair; 256 values a block.
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!(pre.func, "quantise_act_q8_experts");
+    assert_eq!((pre.grid)(&args(12, 768, 2048, 5, 0)), Some(5 * 8));
+    assert_eq!((pre.grid)(&args(12, 2048, 768, 5, 1)), Some(40 * 3));
+    assert!((pre.grid)(&args(12, 2048, 768, 9, 1)).is_none());
+    // After the one-token form, before mul_mat_experts_vec (which keeps what it declines).
+    assert!(find("mul_mat_experts_q8") < find("mul_mat_experts_multi_q8"));
+    assert!(find("mul_mat_experts_multi_q8") < find("mul_mat_experts_vec"));
+    if std::env::var("STRATA_CUDA_SKIP").is_err() {
+        let skipped = crate::launch_options::LaunchOptions::from_env().skip_optional;
+        assert!(
+            !skipped
+                .split(',')
+                .any(|n| n.trim() == "mul_mat_experts_multi_q8")
+        );
+    }
+}
+
+#[test]
 fn attention_prefill_applies_to_long_launches_it_can_take() {
     let buf = KernelArg::Buffer {
         buf: RawBuffer(0x1000),
