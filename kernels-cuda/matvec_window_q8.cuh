@@ -26,6 +26,16 @@
 #include "matvec_q8.cuh"
 #include "matvec_window.cuh"
 
+// Activation loads from 32-bit row offsets (1) or through mvq_load_act (0): measuring switch.
+#ifndef MVWQ_ADDR32
+#define MVWQ_ADDR32 1
+#endif
+// Each activation row's loads wait for the sum two rows back (1: two rows' loads in flight)
+// or the previous one (0): measuring switch.
+#ifndef MVWQ_CHAIN2
+#define MVWQ_CHAIN2 0
+#endif
+
 // The block's shared memory: only the window's keys (no staged activation).
 struct MvwqShared {
     int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
@@ -89,18 +99,44 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         if (v >= k) continue;  // this lane's sub-block of a short last step is past the row
         const uint64_t at = (uint64_t)(v / F::QK) * F::BYTES;
         const uint64_t xr = mvwq_opaque(xrows);
+#if MVWQ_ADDR32
+        // This lane's quants and scales in activation row 0; row r's are r · stride bytes
+        // on (a 32-bit offset: the scratch is far below 4 GiB), so a token's loads cost one
+        // multiply-add and 64-bit adds, not mvq_load_act's address arithmetic.
+        const uint8_t* q0 = l.act + v;
+        const uint8_t* d0 = l.act + k + (v / 32) * 4;
+        const uint32_t s_at = (k / 32) * 4;
+#endif
 #pragma unroll
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
             decode_sub<F>(wr[rr] + at, lane % SUBS, s);
             uint32_t after = 0;  // 0, after the previous row's sum
+            uint32_t after2 = 0;  // 0, after the sum two rows back
 #pragma unroll
             for (int i = 0; i < MVW_TOKENS; i++) {
                 if (i >= tn) break;
                 MvqLaneAct a;
                 const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
+#if MVWQ_ADDR32
+                // mvq_load_act's loads from row `row`'s offset.
+                const uint32_t off = row * stride + (MVWQ_CHAIN2 ? after2 : after);
+                const uint4 lo = *(const uint4*)(q0 + off), hi = *(const uint4*)(q0 + off + 16);
+                a.q[0] = (int)lo.x;
+                a.q[1] = (int)lo.y;
+                a.q[2] = (int)lo.z;
+                a.q[3] = (int)lo.w;
+                a.q[4] = (int)hi.x;
+                a.q[5] = (int)hi.y;
+                a.q[6] = (int)hi.z;
+                a.q[7] = (int)hi.w;
+                a.d = *(const float*)(d0 + off);
+                a.s = F::OFFSET || F::MIN ? *(const float*)(d0 + off + s_at) : 0.0f;
+#else
                 mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
+#endif
                 acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
+                after2 = after;
                 after = __float_as_uint(acc[rr][i]) & zero;
             }
         }
