@@ -144,10 +144,11 @@ extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_experts_cached_mult
     if (!mvwq_launch_ok(type, k, pairs)) return fill_nan(y, pairs * m);
     (void)x;
     const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
-    mvwq_expert_units(sh, l, type, ids, (uint32_t)pairs, n_expert, [&](int e) -> const uint8_t* {
+    mvwq_expert_units<false>(sh, l, type, ids, (uint32_t)pairs, n_expert, [&](int e) {
         const int32_t s = table[e];
         // No slot: the CPU pool computes this expert's pairs.
-        return s < 0 ? nullptr : slots + (uint64_t)s * slot_bytes + matrix_offset;
+        return MvwqMats{s < 0 ? nullptr : slots + (uint64_t)s * slot_bytes + matrix_offset,
+                        nullptr};
     });
 }
 

@@ -19,6 +19,8 @@
 #include "router.cuh"
 #include "mma.cuh"
 #include "matvec_q8.cuh"
+#include "matvec_window.cuh"
+#include "matvec_window_q8.cuh"
 
 __device__ __forceinline__ bool fused_whole_warps() { return (blockDim.x & 31) == 0; }
 
@@ -335,7 +337,10 @@ extern "C" __global__ void __launch_bounds__(256)
                             uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes_g,
                             uint64_t expert_bytes_u, uint8_t* act) {
     pdl_begin_release_next();
-    if (n_tokens == 1) mvq_quantise_rows(x, act, type, k);
+    // The launches experts_gate_up_q8 (one token) and experts_gate_up_multi_q8 (below)
+    // take: every token's row; others they refuse.
+    if (n_tokens == 1 || (uint64_t)n_tokens * n_used <= MVW_PAIRS)
+        mvq_quantise_rows(x, act, type, k, n_tokens);
 }
 
 extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
@@ -370,6 +375,113 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
         pdl_wait();
         fill_nan(y, slots * m);
     }
+}
+
+// experts_gate_up for verify windows of the quantised formats (the backend sends 2..=8
+// tokens; any launch of up to MVW_PAIRS pairs works) over the rows quantise_act_q8_gate_up
+// left in `act` (a token's row each): model.cu's mul_mat_experts_multi_q8 units with a
+// warp's two rows one gate and one up row (matvec_window_q8.cuh), so each routed expert's
+// rows are read once for all the pairs routed to it, and each pair's output is bit for bit
+// experts_gate_up's (mv_dot's arithmetic, the same SwiGLU): a window's tokens get a step's.
+// Negative ids give NaN rows; a launch it cannot take gets NaN everywhere.
+extern "C" __global__ void __launch_bounds__(256, 3)
+    experts_gate_up_multi_q8(const uint8_t* wg, const uint8_t* wu, const float* x,
+                             const int32_t* ids, float* y, uint32_t type, uint32_t m, uint32_t k,
+                             uint32_t n_tokens, uint32_t n_used, uint64_t expert_bytes_g,
+                             uint64_t expert_bytes_u, uint8_t* act) {
+    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
+    __shared__ MvwqShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (!mvwq_launch_ok(type, k, pairs)) return fill_nan(y, pairs * m);
+    (void)x;
+    const MvwqLaunch l = {act, y, m, k, n_used, 0};
+    // No bound on the ids: every non-negative one is an expert of wg and wu.
+    mvwq_expert_units<true>(sh, l, type, ids, (uint32_t)pairs, 0x7fffffffu, [&](int e) {
+        return MvwqMats{wg + (uint64_t)e * expert_bytes_g, wu + (uint64_t)e * expert_bytes_u};
+    });
+}
+
+// experts_gate_up over the expert cache (kernels.txt): e = ids[p], s = table[e]; s >= 0:
+// y[p] = swiglu(x' · Wgᵀ, x' · Wuᵀ), Wg and Wu at bytes s · slot_bytes + offset_g and
+// + offset_u of slots; s < 0: y[p] untouched (the CPU pool computes that pair); ids outside
+// [0, n_expert): NaN rows. experts_gate_up's units (matvec.cuh's, a gate and an up row a
+// warp), so bit for bit mul_mat_experts_cached of the gate, of the up and swiglu.
+extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
+    experts_gate_up_cached(const uint8_t* slots, const int32_t* table, const float* x,
+                           const int32_t* ids, float* y, uint32_t type, uint32_t m, uint32_t k,
+                           uint32_t n_tokens, uint32_t n_used, uint32_t n_expert,
+                           uint64_t slot_bytes, uint64_t offset_g, uint64_t offset_u) {
+    pdl_begin();
+    __shared__ MvShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (!fused_whole_warps() || !mm_shape_ok(type, k) || type == T_F32 || type == T_F16 ||
+        type == T_BF16)
+        return fill_nan(y, pairs * m);
+    const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
+    const uint64_t groups = (m + rows - 1) / rows;
+    uint64_t staged = ~(uint64_t)0;
+    MmUnit g = one_row_unit(type, m, k);
+    for (uint64_t un = blockIdx.x; un < pairs * groups; un += gridDim.x) {
+        const uint64_t p = un / groups;
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        const int32_t e = ids[p];
+        if (e < 0 || (uint32_t)e >= n_expert) {
+            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
+                y[p * m + r] = nan_f32();
+            continue;
+        }
+        const int32_t s = table[e];
+        if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
+        const uint8_t* slot = slots + (uint64_t)s * slot_bytes;
+        g.w = slot + offset_g;
+        g.x = x + (p / n_used) * k;
+        g.y = y + p * m;
+        g.r0 = r0;
+        g.act_key = p / n_used;
+        switch (type) {
+#define GUC_CASE(id, F) \
+    case id: gate_up_unit<F>(sh, g, slot + offset_u, staged); break;
+            QUANT_FORMATS(GUC_CASE)
+#undef GUC_CASE
+            default: break;
+        }
+    }
+}
+
+// experts_gate_up_cached for verify windows (2..=8 tokens, up to MVW_PAIRS pairs) of the
+// quantised formats: experts_gate_up_multi_q8's units over the cache's slots, each resident
+// expert's gate and up rows read once for all its pairs, bit for bit the kernel above. The
+// backend launches quantise_act_q8_gate_up_window just before it on the same stream (every
+// token's row at mvq_row_stride apart in `act`, its per-stream scratch), both with
+// experts_gate_up_cached's arguments and `act`.
+extern "C" __global__ void __launch_bounds__(256)
+    quantise_act_q8_gate_up_window(const uint8_t* slots, const int32_t* table, const float* x,
+                                   const int32_t* ids, float* y, uint32_t type, uint32_t m,
+                                   uint32_t k, uint32_t n_tokens, uint32_t n_used,
+                                   uint32_t n_expert, uint64_t slot_bytes, uint64_t offset_g,
+                                   uint64_t offset_u, uint8_t* act) {
+    pdl_begin_release_next();
+    if ((uint64_t)n_tokens * n_used <= MVW_PAIRS) mvq_quantise_rows(x, act, type, k, n_tokens);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3)
+    experts_gate_up_cached_multi_q8(const uint8_t* slots, const int32_t* table, const float* x,
+                                    const int32_t* ids, float* y, uint32_t type, uint32_t m,
+                                    uint32_t k, uint32_t n_tokens, uint32_t n_used,
+                                    uint32_t n_expert, uint64_t slot_bytes, uint64_t offset_g,
+                                    uint64_t offset_u, uint8_t* act) {
+    pdl_begin();  // the ids are the router's, the quants the quantise kernel's
+    __shared__ MvwqShared sh;
+    const uint64_t pairs = (uint64_t)n_tokens * n_used;
+    if (!mvwq_launch_ok(type, k, pairs)) return fill_nan(y, pairs * m);
+    (void)x;
+    const MvwqLaunch l = {act, y, m, k, n_used, 0};
+    mvwq_expert_units<true>(sh, l, type, ids, (uint32_t)pairs, n_expert, [&](int e) {
+        const int32_t s = table[e];
+        const uint8_t* slot = slots + (uint64_t)(s < 0 ? 0 : s) * slot_bytes;
+        // No slot: the CPU pool computes this expert's pairs.
+        return MvwqMats{s < 0 ? nullptr : slot + offset_g, slot + offset_u};
+    });
 }
 
 // ---- one-token products and what follows them, in one launch ------------------------------

@@ -26,16 +26,6 @@
 #include "matvec_q8.cuh"
 #include "matvec_window.cuh"
 
-// Activation loads from 32-bit row offsets (1) or through mvq_load_act (0): measuring switch.
-#ifndef MVWQ_ADDR32
-#define MVWQ_ADDR32 1
-#endif
-// Each activation row's loads wait for the sum two rows back (1: two rows' loads in flight)
-// or the previous one (0): measuring switch.
-#ifndef MVWQ_CHAIN2
-#define MVWQ_CHAIN2 0
-#endif
-
 // The block's shared memory: only the window's keys (no staged activation).
 struct MvwqShared {
     int32_t keys[MVW_PAIRS];  // per pair: its expert, -1 for an id outside [0, n_expert)
@@ -80,8 +70,9 @@ __device__ __forceinline__ uint64_t mvwq_opaque(uint64_t v) {
 // cannot see, k >> 31 with k < 2^31), and the packed rows are opaque per step: otherwise
 // ptxas requests all eight rows' activations at once and holds their addresses across
 // the loop, 128 registers or spills. (Two rows' loads in flight at once, H200: a window
-// 0.2-0.4 ms slower.)
-template <class F>
+// 0.2-0.4 ms slower in session 13, no faster in session 18 with 8 bytes spilled.) With GU
+// the two rows are a gate and an up row, their SwiGLU stored.
+template <class F, bool GU>
 __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* const* wr,
                                           const uint32_t* rows, uint64_t pass, uint64_t xrows,
                                           int tn) {
@@ -99,28 +90,24 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         if (v >= k) continue;  // this lane's sub-block of a short last step is past the row
         const uint64_t at = (uint64_t)(v / F::QK) * F::BYTES;
         const uint64_t xr = mvwq_opaque(xrows);
-#if MVWQ_ADDR32
         // This lane's quants and scales in activation row 0; row r's are r · stride bytes
         // on (a 32-bit offset: the scratch is far below 4 GiB), so a token's loads cost one
         // multiply-add and 64-bit adds, not mvq_load_act's address arithmetic.
         const uint8_t* q0 = l.act + v;
         const uint8_t* d0 = l.act + k + (v / 32) * 4;
         const uint32_t s_at = (k / 32) * 4;
-#endif
 #pragma unroll
         for (int rr = 0; rr < MV_ROWS; rr++) {
             Sub s;
             decode_sub<F>(wr[rr] + at, lane % SUBS, s);
             uint32_t after = 0;  // 0, after the previous row's sum
-            uint32_t after2 = 0;  // 0, after the sum two rows back
 #pragma unroll
             for (int i = 0; i < MVW_TOKENS; i++) {
                 if (i >= tn) break;
                 MvqLaneAct a;
                 const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
-#if MVWQ_ADDR32
-                // mvq_load_act's loads from row `row`'s offset.
-                const uint32_t off = row * stride + (MVWQ_CHAIN2 ? after2 : after);
+                // mvq_load_act's loads, from row `row`'s offset.
+                const uint32_t off = row * stride + after;
                 const uint4 lo = *(const uint4*)(q0 + off), hi = *(const uint4*)(q0 + off + 16);
                 a.q[0] = (int)lo.x;
                 a.q[1] = (int)lo.y;
@@ -132,11 +119,7 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
                 a.q[7] = (int)hi.w;
                 a.d = *(const float*)(d0 + off);
                 a.s = F::OFFSET || F::MIN ? *(const float*)(d0 + off + s_at) : 0.0f;
-#else
-                mvq_load_act<F>({l.act + ((uint64_t)row * stride + after), k}, v, a);
-#endif
                 acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
-                after2 = after;
                 after = __float_as_uint(acc[rr][i]) & zero;
             }
         }
@@ -147,6 +130,13 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
         if (i >= tn) break;
         const uint64_t p = (uint64_t)(__ffsll((long long)pass) - 1);
         pass &= pass - 1;
+        if (GU) {
+            // Gate and up of one row: their SwiGLU (experts_gate_up's, the swiglu kernel's).
+            const float g = warp_sum(acc[0][i]), u = warp_sum(acc[1][i]);
+            if (rows[0] < l.m && lane == 0)
+                l.y[p * l.m + rows[0]] = __fmul_rn(ggml_vsilu(g), u);
+            continue;
+        }
 #pragma unroll
         for (int rr = 0; rr < MV_ROWS; rr++) {
             const float out = warp_sum(acc[rr][i]);
@@ -157,9 +147,11 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
 
 // A unit: rows r0 + rr · nwarps + warp of the matrix at `w` for the pairs in `mask` (bit
 // p: pair p, activation row p with x_per_slot, else p / n_used), a pass per MVW_TOKENS of
-// them in pair order. Warps only: no barrier.
-template <class F>
-__device__ void mvwq_unit(const MvwqLaunch& l, const uint8_t* w, uint32_t r0, uint64_t mask) {
+// them in pair order; with GU, row r0 + warp of the gate matrix `w` and of the up matrix
+// `wu` (a warp's two rows), their SwiGLU stored. Warps only: no barrier.
+template <class F, bool GU>
+__device__ void mvwq_unit(const MvwqLaunch& l, const uint8_t* w, const uint8_t* wu, uint32_t r0,
+                          uint64_t mask) {
     const int warp = threadIdx.x >> 5;
     const int nwarps = min((int)(blockDim.x >> 5), MM_WARPS);
     if (warp >= nwarps) return;
@@ -168,13 +160,13 @@ __device__ void mvwq_unit(const MvwqLaunch& l, const uint8_t* w, uint32_t r0, ui
     uint32_t rows[MV_ROWS];
 #pragma unroll
     for (int rr = 0; rr < MV_ROWS; rr++) {
-        rows[rr] = r0 + (uint32_t)(rr * nwarps + warp);
-        wr[rr] = w + (uint64_t)min(rows[rr], l.m - 1) * row_bytes;
+        rows[rr] = GU ? r0 + (uint32_t)warp : r0 + (uint32_t)(rr * nwarps + warp);
+        wr[rr] = (GU && rr == 1 ? wu : w) + (uint64_t)min(rows[rr], l.m - 1) * row_bytes;
         // The row into L2 at once (mv_dot's prefetch): the unit's weights are all requested
         // before the first sub-block is decoded.
         if (rows[rr] < l.m) prefetch_l2(wr[rr], (uint32_t)row_bytes);
     }
-    if (rows[0] >= l.m) return;  // rows[1] > rows[0]: neither row is the matrix's
+    if (rows[0] >= l.m) return;  // rows[1] >= rows[0]: neither row is the matrix's
     while (mask != 0) {
         // The next pass: the lowest MVW_TOKENS pairs left, their activation rows packed a
         // byte each (rows < MVW_PAIRS).
@@ -185,23 +177,32 @@ __device__ void mvwq_unit(const MvwqLaunch& l, const uint8_t* w, uint32_t r0, ui
             rest &= rest - 1;
             xrows |= (uint64_t)(l.x_per_slot ? p : p / l.n_used) << (8 * n);
         }
-        mvwq_pass<F>(l, wr, rows, mask & ~rest, xrows, n);
+        mvwq_pass<F, GU>(l, wr, rows, mask & ~rest, xrows, n);
         mask = rest;
     }
 }
 
 // One unit with the code for `type` (quantised formats only: the backend never sends
 // float weights here, which have nothing to quantise).
+template <bool GU>
 __device__ __forceinline__ void mvwq_unit_of(uint32_t type, const MvwqLaunch& l,
-                                             const uint8_t* w, uint32_t r0, uint64_t mask) {
+                                             const uint8_t* w, const uint8_t* wu, uint32_t r0,
+                                             uint64_t mask) {
     switch (type) {
 #define MVWQ_CASE(id, F) \
-    case id: mvwq_unit<F>(l, w, r0, mask); break;
+    case id: mvwq_unit<F, GU>(l, w, wu, r0, mask); break;
         QUANT_FORMATS(MVWQ_CASE)
 #undef MVWQ_CASE
         default: break;
     }
 }
+
+// An expert's matrices as a window unit reads them: `w` (nullptr: an expert the launch
+// leaves alone, its pairs' rows untouched) and, for gate and up units, the up matrix `wu`.
+struct MvwqMats {
+    const uint8_t* w;
+    const uint8_t* wu;
+};
 
 // Whether the _q8 window products take a launch of `pairs` pairs of `type` weights in rows
 // of `k` values (else they fill their output with NaN): whole warps, a quantised format
@@ -213,16 +214,16 @@ __device__ __forceinline__ bool mvwq_launch_ok(uint32_t type, uint32_t k, uint64
 
 // A window's expert products over the block's share of the grid (experts.cu's
 // mul_mat_experts_cached_multi_q8 over the cache's slots, model.cu's mul_mat_experts_multi_q8
-// over resident experts): a unit per (expert the `pairs` pairs route to, the rows of a
-// one-token unit), mvwq_unit over all the expert's pairs. `weights_of(e)` is expert e's
-// matrix, or nullptr for an expert the launch leaves alone (its pairs' rows untouched);
-// ids outside [0, n_expert) give their pairs NaN rows.
-template <class WeightsOf>
+// over resident experts; with GU, fused.cu's gate and up forms): a unit per (expert the
+// `pairs` pairs route to, the rows of a one-token unit: 2 a warp, or with GU one row of
+// each matrix), mvwq_unit over all the expert's pairs. `mats_of(e)` is expert e's
+// matrices (MvwqMats); ids outside [0, n_expert) give their pairs NaN rows.
+template <bool GU, class MatsOf>
 __device__ __forceinline__ void mvwq_expert_units(MvwqShared& sh, const MvwqLaunch& l,
                                                   uint32_t type, const int32_t* ids,
                                                   uint32_t pairs, uint32_t n_expert,
-                                                  WeightsOf weights_of) {
-    const uint32_t rows = mv_rows_per_unit();
+                                                  MatsOf mats_of) {
+    const uint32_t rows = GU ? (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) : mv_rows_per_unit();
     const uint32_t groups = (l.m + rows - 1) / rows;
     // Blocks past the most units a launch of this size can have leave at once.
     if (blockIdx.x >= pairs * groups) return;
@@ -239,7 +240,7 @@ __device__ __forceinline__ void mvwq_expert_units(MvwqShared& sh, const MvwqLaun
             nan_pair_rows(l.y, mask, l.m, r0, rows);
             continue;
         }
-        const uint8_t* w = weights_of(key);
-        if (w != nullptr) mvwq_unit_of(type, l, w, r0, mask);
+        const MvwqMats mats = mats_of(key);
+        if (mats.w != nullptr) mvwq_unit_of<GU>(type, l, mats.w, mats.wu, r0, mask);
     }
 }

@@ -449,8 +449,9 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     (void)x;
     const MvwqLaunch l = {act, y, m, k, n_used, x_per_slot};
     // No bound on the ids: every non-negative one is an expert of w.
-    mvwq_expert_units(sh, l, type, ids, (uint32_t)pairs, 0x7fffffffu,
-                      [&](int e) { return w + (uint64_t)e * expert_bytes; });
+    mvwq_expert_units<false>(sh, l, type, ids, (uint32_t)pairs, 0x7fffffffu, [&](int e) {
+        return MvwqMats{w + (uint64_t)e * expert_bytes, nullptr};
+    });
 }
 
 extern "C" __global__ void __launch_bounds__(256, 4)

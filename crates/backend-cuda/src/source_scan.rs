@@ -87,6 +87,10 @@ mod tests {
             "quantise_act_q8_window",
             "mul_mat_experts_multi_q8",
             "quantise_act_q8_experts",
+            "experts_gate_up_multi_q8",
+            "quantise_act_q8_gate_up",
+            "experts_gate_up_cached_multi_q8",
+            "quantise_act_q8_gate_up_window",
             "mul_mat_qkv_q8_rows",
             "quantise_act_q8_qkv",
         ] {

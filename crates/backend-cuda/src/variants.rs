@@ -9,6 +9,10 @@ use crate::attention_flash::{
     ATT_FLASH_SCRATCH_END, attention_flash_applies, attention_flash_grid,
 };
 use crate::attention_long::{ATT_LONG_SCRATCH_END, attention_long_applies, attention_long_grid};
+use window::{
+    cached_expert_units, cached_multi_applies, cached_multi_q8_rows, cached_window_q8_blocks,
+    experts_multi_q8_rows, experts_window_q8_blocks, gate_up_window_blocks, gate_up_window_rows,
+};
 
 /// A variant's own grid: the blocks it has work for, from the launch's arguments and block
 /// size (`None`: the launch's grid).
@@ -201,107 +205,6 @@ const MOE_GROUP_MIN_TOKENS: u32 = 2;
 
 /// Slots the grouped expert kernel lists at once (kernels-cuda/model.cu MMA_LIST_MAX).
 const MMA_LIST_MAX: u64 = 8192;
-
-/// Verify windows: launches of this many tokens at most take mul_mat_experts_cached_multi
-/// (one for one token is the per-pair kernel's units, which the kernel keeps).
-const CACHED_MULTI_MAX_TOKENS: u32 = 8;
-/// Pairs (token, used slot) mul_mat_experts_cached_multi groups by expert
-/// (kernels-cuda/matvec_window.cuh MVW_PAIRS); past that it runs the per-pair units.
-const CACHED_MULTI_MAX_PAIRS: u32 = 64;
-
-/// Whether mul_mat_experts_cached_multi takes a launch of `n_tokens` tokens of `n_used`
-/// routed experts each: a verify window of 2..=8 tokens whose pairs it can group.
-fn cached_multi_applies(n_tokens: u32, n_used: u32) -> bool {
-    (2..=CACHED_MULTI_MAX_TOKENS).contains(&n_tokens)
-        && n_tokens
-            .checked_mul(n_used)
-            .is_some_and(|p| p <= CACHED_MULTI_MAX_PAIRS)
-}
-
-/// The _q8 window products' launches (mul_mat_experts_cached_multi_q8,
-/// mul_mat_experts_multi_q8): `Some((activation rows, k))` for a window of `n` tokens of
-/// `used` routed experts that mul_mat_experts_cached_multi takes, of weights of ggml type
-/// `ty` in whole blocks, whose rows (one per token, or per pair with `per_slot`) fit the
-/// scratch at mvq_row_stride apart.
-fn window_q8_rows(ty: u32, k: u32, n: u32, used: u32, per_slot: u32) -> Option<(u32, u32)> {
-    if !cached_multi_applies(n, used) || k == 0 {
-        return None;
-    }
-    tensor_core_format(ty)?.row_bytes(k as usize)?;
-    let rows = if per_slot != 0 { n * used } else { n };
-    mvq_rows_fit(rows, k).then_some((rows, k))
-}
-
-/// [`window_q8_rows`] of a launch of mul_mat_experts_cached(slots, table, x, ids, y | type,
-/// m, k, n_tokens, n_used, x_per_slot, ...).
-fn cached_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    window_q8_rows(
-        u32_arg(a, 5)?,
-        u32_arg(a, 7)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-        u32_arg(a, 10)?,
-    )
-}
-
-/// [`window_q8_rows`] of a launch of mul_mat_experts(w, x, ids, y | type, m, k, n_tokens,
-/// n_used, x_per_slot, expert_bytes).
-fn experts_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
-    window_q8_rows(
-        u32_arg(a, 4)?,
-        u32_arg(a, 6)?,
-        u32_arg(a, 7)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-    )
-}
-
-/// Units of the window kernels that take a unit per (routed expert, 16 rows) rather than
-/// per (pair, 16 rows), for `m` rows and `ranks` experts at most: the row groups of
-/// `block_threads` / 32 warps of 2 rows (matvec.cuh MV_ROWS, matmul.cuh MM_ROWS; at most 8
-/// warps compute) of each.
-fn expert_units(m: u32, ranks: u32, block_threads: u32) -> Option<u32> {
-    let rows = (block_threads / 32).clamp(1, 8) * 2;
-    ranks.checked_mul(m.div_ceil(rows))
-}
-
-/// [`expert_units`] of the cached expert kernels: at most one rank per pair and per expert
-/// (ids outside the experts share one).
-/// mul_mat_experts_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
-/// x_per_slot, n_expert, ...)
-fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let (m, n, used, n_expert) = (
-        u32_arg(a, 6)?,
-        u32_arg(a, 8)?,
-        u32_arg(a, 9)?,
-        u32_arg(a, 11)?,
-    );
-    let ranks = n.checked_mul(used)?.min(n_expert.checked_add(1)?);
-    expert_units(m, ranks, block_threads)
-}
-
-/// Blocks of mul_mat_experts_cached_multi_q8: [`cached_expert_units`], at most
-/// [`CACHED_WINDOW_MAX_BLOCKS`]. The kernel takes its units in a grid-stride loop; a block
-/// past the window's distinct experts (known only there) would wait, read the ids and
-/// leave, and each block computes the window's keys once for all its units.
-fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    Some(cached_expert_units(a, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
-}
-
-/// Blocks of mul_mat_experts_multi_q8, as [`cached_window_q8_blocks`]: a rank per pair (the
-/// kernel has no expert count), at most one wave.
-/// mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, ...)
-fn experts_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let (m, n, used) = (u32_arg(a, 5)?, u32_arg(a, 7)?, u32_arg(a, 8)?);
-    Some(expert_units(m, n.checked_mul(used)?, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
-}
-
-/// One wave of mul_mat_experts_cached_multi_q8 on an H200 (132 SMs of 3 blocks: its
-/// `__launch_bounds__(256, 3)`). H200, Qwen3-30B-A3B-shaped Q4_K, 50% cache, K=4: a window
-/// 10.37 ms with this cap against 10.80 with a block per unit a window could have
-/// (`tools/h200_call.sh window-grid`, REPS=2). Any grid gives the same results; a GPU with
-/// fewer SMs runs more than a wave.
-const CACHED_WINDOW_MAX_BLOCKS: u32 = 396;
 
 /// Dynamic shared memory mma.cuh's kernels take for weights of ggml type `ty` and rows of
 /// `k` values (mma_layout, mma_tokens: 64 weight rows and the largest token tile of 32,
@@ -712,6 +615,48 @@ pub(crate) const VARIANTS: &[Variant] = &[
         }),
         scratch: false,
     },
+    // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, ...) for a verify
+    // window of a quantised format: mul_mat_experts_multi_q8's units with a warp's rows one
+    // gate and one up row (fused.cu), each routed expert's rows read once for all its pairs,
+    // over every token's row quantised once by the one-token form's pre-launch; bit for bit
+    // the kernel (its per-pair units).
+    Variant {
+        of: KernelId::ExpertsGateUp,
+        func: "experts_gate_up_multi_q8",
+        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
+        large_smem: false,
+        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
+        grid_exact: false,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_gate_up",
+            grid: |a| {
+                let (rows, k) = gate_up_window_rows(a, 5)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+        scratch: false,
+    },
+    // experts_gate_up_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used, ...)
+    // for a verify window: the same units over the cache's slots (fused.cu), bit for bit the
+    // kernel.
+    Variant {
+        of: KernelId::ExpertsGateUpCached,
+        func: "experts_gate_up_cached_multi_q8",
+        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
+        large_smem: false,
+        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
+        grid_exact: false,
+        pre: Some(PreLaunch {
+            func: "quantise_act_q8_gate_up_window",
+            grid: |a| {
+                let (rows, k) = gate_up_window_rows(a, 5)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+        scratch: false,
+    },
     // attention(q, pos, k, v, out | n_tokens, ...) of up to 64 tokens in a context longer
     // than 1,024 rows, head_dim 128: long spans over up to 128 blocks on tensor cores
     // (attention_flash.cuh); before attention_long, which keeps what it declines.
@@ -817,3 +762,4 @@ pub fn runs_as(id: KernelId) -> Option<KernelId> {
 
 #[cfg(test)]
 mod tests;
+mod window;

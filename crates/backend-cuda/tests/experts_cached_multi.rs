@@ -11,7 +11,11 @@
 //! outside the experts give NaN rows. Then the same units over resident experts
 //! (kernels-cuda/model.cu mul_mat_experts_multi_q8, a window's mul_mat_experts) against
 //! mul_mat_experts with it left out and against each token launched alone (a decode step's
-//! products). Skips with one line when there is no CUDA device.
+//! products); the gate-and-up forms of both (kernels-cuda/fused.cu experts_gate_up_multi_q8
+//! over resident experts, against experts_gate_up's per-pair units and each token alone;
+//! experts_gate_up_cached and its window form over the cache, against the sequence it
+//! replaces: two mul_mat_experts_cached and swiglu). Skips with one line when there is no
+//! CUDA device.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -294,6 +298,237 @@ fn mul_mat_experts_multi_q8_is_bit_for_bit_each_token_alone() {
                 let what = format!("{ty:?} {m}x{k} per_slot {per_slot} tokens {n_tokens}");
                 println!(
                     "mul_mat_experts_multi_q8 {what}: {}",
+                    if ok { "bit-exact" } else { "DIFFERENT" }
+                );
+                if !ok {
+                    failures.push(what);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+/// experts_gate_up on `dev` (gate and up experts `stride` bytes apart in `wg`, `wu`) for
+/// `ids.len() / N_USED` tokens, launched as ops.rs launches it (4-warp blocks of a gate
+/// and an up row a warp); the output starts as -7 everywhere.
+fn gate_up_resident(
+    dev: &Device,
+    ty: QuantType,
+    (m, k, stride): (usize, usize, usize),
+    (wg, wu): (&[u8], &[u8]),
+    x: &[f32],
+    ids: &[i32],
+) -> Vec<f32> {
+    let s = dev.main_stream();
+    let n_tokens = ids.len() / N_USED;
+    let (bg, bu, bx, bi) = (
+        dev.alloc_from(wg, s).unwrap(),
+        dev.alloc_from(wu, s).unwrap(),
+        dev.alloc_from(x, s).unwrap(),
+        dev.alloc_from(ids, s).unwrap(),
+    );
+    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let args = Args::new()
+        .read(&bg)
+        .read(&bu)
+        .read(&bx)
+        .read(&bi)
+        .write(&y)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n_tokens as u32)
+        .u32(N_USED as u32)
+        .u64(stride as u64)
+        .u64(stride as u64);
+    let cfg = LaunchCfg::linear(m.div_ceil(4) * ids.len() * 128, 128);
+    dev.launch(KernelId::ExpertsGateUp, &cfg, &args, s).unwrap();
+    download(dev, &y, s)
+}
+
+#[test]
+fn experts_gate_up_multi_q8_is_bit_for_bit_each_token_alone() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "experts_gate_up_multi_q8_is_bit_for_bit_each_token_alone";
+    let (Some(first), Some(without)) = (gpu(test, ""), gpu(test, "experts_gate_up_multi_q8"))
+    else {
+        return;
+    };
+    let mut rng = Rng(0x3c6e_f372_fe94_f82b);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        for (m, k) in [(768, 2048), (40, 5120)] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            let stride = ty.row_bytes(k).unwrap() * m + 64;
+            let wg = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
+            let wu = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
+            for n_tokens in 2..=8 {
+                let mut ids = routing(n_tokens, &mut rng);
+                ids[1] = (ids[0] + 1) % N_EXPERT as i32;
+                let x: Vec<f32> = (0..n_tokens * k).map(|_| 2.0 * rng.f32()).collect();
+                let (shape, w) = ((m, k, stride), (&wg[..], &wu[..]));
+                let got = gate_up_resident(&first, ty, shape, w, &x, &ids);
+                let per_pair = gate_up_resident(&without, ty, shape, w, &x, &ids);
+                let alone: Vec<f32> = (0..n_tokens)
+                    .flat_map(|t| {
+                        let (xt, it) = (&x[t * k..(t + 1) * k], &ids[t * N_USED..][..N_USED]);
+                        gate_up_resident(&first, ty, shape, w, xt, it)
+                    })
+                    .collect();
+                let nan_rows = ids
+                    .iter()
+                    .zip(got.chunks(m))
+                    .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
+                let ok = same_bits(&got, &per_pair) && same_bits(&got, &alone) && nan_rows;
+                let what = format!("{ty:?} {m}x{k} tokens {n_tokens}");
+                println!(
+                    "experts_gate_up_multi_q8 {what}: {}",
+                    if ok { "bit-exact" } else { "DIFFERENT" }
+                );
+                if !ok {
+                    failures.push(what);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "differ: {failures:?}");
+}
+
+/// experts_gate_up_cached on `dev` over `cache` (each slot: the gate at `cache.offset`,
+/// the up matrix `up_at` bytes on), launched as ops_decode.rs launches it; the output
+/// starts as -7 everywhere.
+fn gate_up_cached(
+    dev: &Device,
+    ty: QuantType,
+    (m, k): (usize, usize),
+    (cache, up_at): (&Cache, usize),
+    x: &[f32],
+    ids: &[i32],
+) -> Vec<f32> {
+    let s = dev.main_stream();
+    let n_tokens = ids.len() / N_USED;
+    let (slots, table) = (
+        dev.alloc_from(&cache.slots, s).unwrap(),
+        dev.alloc_from(&cache.table, s).unwrap(),
+    );
+    let (bx, bi) = (
+        dev.alloc_from(x, s).unwrap(),
+        dev.alloc_from(ids, s).unwrap(),
+    );
+    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let args = Args::new()
+        .read(&slots)
+        .read(&table)
+        .read(&bx)
+        .read(&bi)
+        .write(&y)
+        .u32(ty.id())
+        .u32(m as u32)
+        .u32(k as u32)
+        .u32(n_tokens as u32)
+        .u32(N_USED as u32)
+        .u32(N_EXPERT as u32)
+        .u64(cache.slot_bytes as u64)
+        .u64(cache.offset as u64)
+        .u64((cache.offset + up_at) as u64);
+    let cfg = LaunchCfg::linear(m.div_ceil(4) * ids.len() * 128, 128);
+    dev.launch(KernelId::ExpertsGateUpCached, &cfg, &args, s)
+        .unwrap();
+    download(dev, &y, s)
+}
+
+/// The sequence experts_gate_up_cached replaces: mul_mat_experts_cached of the gate and of
+/// the up matrix (`up_at` bytes after the gate in each slot), then swiglu.
+fn gate_up_sequence(
+    dev: &Device,
+    ty: QuantType,
+    (m, k): (usize, usize),
+    (cache, up_at): (&Cache, usize),
+    x: &[f32],
+    ids: &[i32],
+) -> Vec<f32> {
+    let gate = cached(dev, ty, m, k, cache, x, ids, false);
+    let up_cache = Cache {
+        slots: cache.slots.clone(),
+        table: cache.table.clone(),
+        slot_bytes: cache.slot_bytes,
+        offset: cache.offset + up_at,
+    };
+    let up = cached(dev, ty, m, k, &up_cache, x, ids, false);
+    let s = dev.main_stream();
+    let (bg, bu) = (
+        dev.alloc_from(&gate, s).unwrap(),
+        dev.alloc_from(&up, s).unwrap(),
+    );
+    let y = dev.alloc::<f32>(gate.len()).unwrap();
+    let args = Args::new()
+        .read(&bg)
+        .read(&bu)
+        .write(&y)
+        .u32(gate.len() as u32);
+    dev.launch(
+        KernelId::Swiglu,
+        &LaunchCfg::linear(gate.len(), 256),
+        &args,
+        s,
+    )
+    .unwrap();
+    download(dev, &y, s)
+}
+
+#[test]
+fn experts_gate_up_cached_is_bit_for_bit_the_sequence() {
+    let _lock = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let test = "experts_gate_up_cached_is_bit_for_bit_the_sequence";
+    let q8 = "mul_mat_experts_cached_multi_q8";
+    let windows = format!("{q8},mul_mat_experts_cached_multi,mul_mat_experts_cached_grouped");
+    let (Some(first), Some(per_pair), Some(sequence)) = (
+        gpu(test, ""),
+        gpu(test, "experts_gate_up_cached_multi_q8"),
+        gpu(test, &windows),
+    ) else {
+        return;
+    };
+    let mut rng = Rng(0xa54f_f53a_5f1d_36f1);
+    let mut failures = Vec::new();
+    for ty in FORMATS {
+        for (m, k) in [(768, 2048), (40, 5120)] {
+            if ty.row_bytes(k).is_none() {
+                continue;
+            }
+            // Each slot: the gate, then the up matrix (a Cache of twice the rows, the gate
+            // its first m rows).
+            let cache = Cache::new(ty, 2 * m, k, &mut rng);
+            let up_at = ty.row_bytes(k).unwrap() * m;
+            for n_tokens in 1..=8 {
+                // A step's pairs: a window's first token.
+                let ids = match n_tokens {
+                    1 => routing(2, &mut rng)[..N_USED].to_vec(),
+                    n => routing(n, &mut rng),
+                };
+                let x: Vec<f32> = (0..n_tokens * k).map(|_| 2.0 * rng.f32()).collect();
+                let (shape, c) = ((m, k), (&cache, up_at));
+                let got = gate_up_cached(&first, ty, shape, c, &x, &ids);
+                let pairs = gate_up_cached(&per_pair, ty, shape, c, &x, &ids);
+                let want = gate_up_sequence(&sequence, ty, shape, c, &x, &ids);
+                // Resident pairs: the sequence's rows; the pool's: untouched; bad ids: NaN.
+                let rows_ok = ids.iter().enumerate().all(|(p, &e)| {
+                    let (row, want) = (&got[p * m..][..m], &want[p * m..][..m]);
+                    if e < 0 || e as usize >= N_EXPERT {
+                        row.iter().all(|v| v.is_nan())
+                    } else if cache.table[e as usize] < 0 {
+                        row.iter().all(|&v| v == -7.0)
+                    } else {
+                        same_bits(row, want)
+                    }
+                });
+                let ok = rows_ok && same_bits(&got, &pairs);
+                let what = format!("{ty:?} {m}x{k} tokens {n_tokens}");
+                println!(
+                    "experts_gate_up_cached {what}: {}",
                     if ok { "bit-exact" } else { "DIFFERENT" }
                 );
                 if !ok {

@@ -574,10 +574,10 @@ impl Model {
                     (None, Some(wg), Some(wu), Some(wd)) => {
                         let y = &s.moe_y;
                         // One launch for gate, up and SwiGLU where the fused form fits:
-                        // decode-sized batches (it takes one (token, slot) per unit, as
-                        // mul_mat_experts does for them) of one quantised type.
+                        // decode steps and verify windows (Ops::gate_up_in_one_launch)
+                        // of one quantised type.
                         let gate_up = fused
-                            && n <= 2
+                            && ops.gate_up_in_one_launch(n, k)
                             && gate.ty == up.ty
                             && gate.ty.block_size() > 1
                             && (gate.m, gate.k) == (up.m, up.k);

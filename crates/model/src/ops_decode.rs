@@ -27,6 +27,13 @@ pub const QKV_WINDOW_MAX_TOKENS: u32 = 8;
 /// of MV_ROWS = 2 rows).
 const MV_UNIT_ROWS: usize = 8;
 
+/// Most tokens of a verify window whose routed experts' gate, up and SwiGLU take one
+/// launch (the CUDA backend's window forms group a window's pairs by expert:
+/// kernels-cuda/matvec_window.cuh MVW_TOKENS, MVW_PAIRS pairs at most).
+pub const GATE_UP_WINDOW_MAX_TOKENS: u32 = 8;
+/// Most (token, routed expert) pairs those window forms group.
+const GATE_UP_WINDOW_MAX_PAIRS: u32 = 64;
+
 impl Ops<'_> {
     /// Whether the device computes Q, K and V of one activation in one launch.
     pub fn has_mul_mat_qkv(&self) -> bool {
@@ -51,6 +58,67 @@ impl Ops<'_> {
             && act(wk.ty) == act(wq.ty)
             && act(wv.ty) == act(wq.ty);
         same_k && (n == 1 || window) && self.has_mul_mat_qkv()
+    }
+
+    /// Whether a launch of `n` tokens of `n_used` routed experts each takes the fused gate
+    /// and up forms: a decode step, or a verify window whose pairs the CUDA backend's
+    /// window forms group by expert (more would run the kernels' per-pair units, slower
+    /// than the grouped separate products).
+    pub fn gate_up_in_one_launch(&self, n: u32, n_used: u32) -> bool {
+        n <= 2
+            || (n <= GATE_UP_WINDOW_MAX_TOKENS
+                && n.checked_mul(n_used)
+                    .is_some_and(|p| p <= GATE_UP_WINDOW_MAX_PAIRS))
+    }
+
+    /// Whether the device computes the cached experts' gate, up and SwiGLU in one launch
+    /// ([`Ops::experts_gate_up_cached`]).
+    pub fn has_experts_gate_up_cached(&self) -> bool {
+        self.dev.supports(KernelId::ExpertsGateUpCached)
+    }
+
+    /// [`Ops::experts_gate_up`] over the expert cache: the pairs whose expert has a slot in
+    /// `table` (the layer's row of the residency table, from `table_offset`) read the gate
+    /// at `offsets.0` and the up matrix at `offsets.1` within the slot; the other pairs'
+    /// rows of `y` are left alone. Bit for bit [`Ops::mul_mat_experts_cached`] of each and
+    /// [`Ops::swiglu`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn experts_gate_up_cached(
+        &self,
+        gate: &Experts,
+        slots: &DeviceBuffer<u8>,
+        slot_bytes: u64,
+        offsets: (u64, u64),
+        table: &DeviceBuffer<i32>,
+        table_offset: usize,
+        x: &DeviceBuffer<f32>,
+        ids: &DeviceBuffer<i32>,
+        y: &DeviceBuffer<f32>,
+        n_tokens: u32,
+        n_used: u32,
+    ) -> Result<()> {
+        let args = Args::new()
+            .read(slots)
+            .read_at(table, table_offset)
+            .read(x)
+            .read(ids)
+            .write(y)
+            .u32(gate.ty.id())
+            .u32(gate.m)
+            .u32(gate.k)
+            .u32(n_tokens)
+            .u32(n_used)
+            .u32(gate.n_expert)
+            .u64(slot_bytes)
+            .u64(offsets.0)
+            .u64(offsets.1);
+        // One token per unit: 4-warp blocks of a gate and an up row a warp, as
+        // experts_gate_up's.
+        let slots_n = (n_tokens * n_used) as usize;
+        let rows = MV_UNIT_ROWS / 2;
+        let blocks = (gate.m as usize).div_ceil(rows) * slots_n.max(1);
+        let cfg = LaunchCfg::linear(blocks * 128, 128);
+        self.launch_cfg(KernelId::ExpertsGateUpCached, cfg, args)
     }
 
     /// Whether the device computes Q, K and V and then their per-head norms, rope and K/V

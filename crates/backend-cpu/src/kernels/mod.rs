@@ -167,7 +167,8 @@ pub fn run(kernel: KernelId, args: &KernelArgs<'_>) -> Result<(), String> {
         | KernelId::RouterMatvecTopk
         | KernelId::MulMatAddRmsNorm
         | KernelId::ExpertsDownNorm
-        | KernelId::MulMatQkvRope => Err(format!(
+        | KernelId::MulMatQkvRope
+        | KernelId::ExpertsGateUpCached => Err(format!(
             "{} is not a CPU kernel (run its op sequence instead)",
             kernel.name()
         )),

@@ -428,6 +428,70 @@ fn mul_mat_experts_multi_q8_takes_quantised_windows() {
 }
 
 #[test]
+fn gate_up_window_forms_take_quantised_windows() {
+    // experts_gate_up(wg, wu, x, ids, y | type, m, k, n_tokens, n_used, bytes_g, bytes_u)
+    // and experts_gate_up_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used,
+    // n_expert, slot_bytes, offset_g, offset_u): the same scalars first.
+    let args = |ty, m, k, n_tokens| {
+        let u = KernelArg::U32;
+        let mut a = vec![KernelArg::U64(0x1000); 5];
+        a.extend([u(ty), u(m), u(k), u(n_tokens), u(8)]);
+        a.extend([KernelArg::U64(1 << 20), KernelArg::U64(1 << 20)]);
+        a
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    for (func, of, pre) in [
+        (
+            "experts_gate_up_multi_q8",
+            KernelId::ExpertsGateUp,
+            "quantise_act_q8_gate_up",
+        ),
+        (
+            "experts_gate_up_cached_multi_q8",
+            KernelId::ExpertsGateUpCached,
+            "quantise_act_q8_gate_up_window",
+        ),
+    ] {
+        let v = &VARIANTS[find(func)];
+        assert_eq!(v.of, of);
+        assert!(!v.large_smem && !v.scratch && !v.grid_exact);
+        // Q4_K gate/up of Qwen3-30B-A3B (768 x 2048): windows of 2..=8 tokens.
+        for n in 2..=8 {
+            assert_eq!(
+                (v.applies)(&args(12, 768, 2048, n), 0),
+                Some(0),
+                "{func} {n}"
+            );
+        }
+        // Not: one token, 9 tokens (72 pairs), float weights, not whole blocks, no rows.
+        for a in [
+            args(12, 768, 2048, 1),
+            args(12, 768, 2048, 9),
+            args(0, 768, 2048, 4),
+            args(1, 768, 2048, 4),
+            args(12, 768, 2000, 4),
+            args(12, 768, 0, 4),
+        ] {
+            assert!((v.applies)(&a, 0).is_none(), "{func} {a:?}");
+        }
+        // A unit per (routed expert, a gate and an up row a warp): 5 tokens' 40 pairs of 768
+        // rows in 4-warp blocks have 40 x 192 units, one H200 wave at most; 2 tokens of 40
+        // rows, 16 x 10 units of 4 (8 of 8-warp blocks).
+        let grid = v.grid.unwrap();
+        assert_eq!(grid(&args(12, 768, 2048, 5), 128), Some(396));
+        assert_eq!(grid(&args(12, 40, 2048, 2), 128), Some(16 * 10));
+        assert_eq!(grid(&args(12, 40, 2048, 2), 256), Some(16 * 5));
+        // Every token's row quantised first, 256 values a block.
+        let p = v.pre.as_ref().unwrap();
+        assert_eq!(p.func, pre);
+        assert_eq!((p.grid)(&args(12, 768, 2048, 5)), Some(5 * 8));
+        assert!((p.grid)(&args(12, 768, 2048, 9)).is_none());
+    }
+    // The one-token form keeps the steps.
+    assert!(find("experts_gate_up_q8") < find("experts_gate_up_multi_q8"));
+}
+
+#[test]
 fn attention_prefill_applies_to_long_launches_it_can_take() {
     let buf = KernelArg::Buffer {
         buf: RawBuffer(0x1000),

@@ -571,9 +571,39 @@ fn cached_experts(
             per_slot,
         )
     };
-    product(0, io.gate, io.xn, io.fa, false)?;
-    product(1, io.up, io.xn, io.fb, false)?;
-    ops.swiglu(io.fa, io.fb, io.fc, nt * nu * io.gate.m)?;
+    let (g, u) = (io.gate, io.up);
+    let ((gb, g_slot, g_off), (ub, u_slot, u_off)) = (mats[0], mats[1]);
+    // Gate, up and SwiGLU in one launch where the device has it: both matrices in one slot
+    // buffer (the cache's; a streamed set keeps each matrix in a buffer of its own), one
+    // quantised type and shape, a decode step or a window the fused forms group.
+    let one_launch = ops.has_experts_gate_up_cached()
+        && std::ptr::eq(gb, ub)
+        && g_slot == u_slot
+        && g.ty == u.ty
+        && g.ty.block_size() > 1
+        && (g.m, g.k) == (u.m, u.k)
+        && ops.gate_up_in_one_launch(nt, nu);
+    if one_launch {
+        let offsets = (g_off, u_off);
+        let (ids, fc) = (io.expert_ids, io.fc);
+        ops.experts_gate_up_cached(
+            g,
+            gb,
+            g_slot,
+            offsets,
+            table,
+            table_offset,
+            io.xn,
+            ids,
+            fc,
+            nt,
+            nu,
+        )?;
+    } else {
+        product(0, g, io.xn, io.fa, false)?;
+        product(1, u, io.xn, io.fb, false)?;
+        ops.swiglu(io.fa, io.fb, io.fc, nt * nu * g.m)?;
+    }
     product(2, io.down, io.fc, io.moe_y, true)?;
     Ok(())
 }
