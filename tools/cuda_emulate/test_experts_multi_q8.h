@@ -118,3 +118,59 @@ static void test_experts_multi_q8() {
     }
     report("mul_mat_experts_multi_q8 float weights or 72 pairs: NaN", nan ? 0.0 : 1.0, 0);
 }
+
+// fused.cu's experts_gate_up_multi_q8 (a window's gate, up and SwiGLU over resident
+// experts, the rows quantised once by quantise_act_q8_gate_up) against experts_gate_up's
+// per-pair units, bit for bit: windows of 2..5 tokens, the same expert twice in a token,
+// negative ids (NaN rows), an expert with more pairs than a pass takes, 8- and 4-warp
+// blocks, few blocks (grid-stride).
+static void test_gate_up_multi_q8() {
+    for (const Fmt& f : FORMATS) {
+        if (f.qk == 1) continue;
+        if (fmt_only.empty() ? (f.id != T_Q4_K && f.id != T_Q6_K && f.id != T_Q4_1)
+                             : fmt_only.find(std::string(",") + f.name + ",") == std::string::npos)
+            continue;
+        struct Case { int m, k, n_exp, n_tokens; };
+        for (const Case& c : std::vector<Case>{{20, 768, 16, 2}, {12, 2048, 12, 5}, {10, 768, 4, 5}}) {
+            if (c.k % f.qk != 0) continue;
+            const size_t rb = (size_t)(c.k / f.qk) * f.bytes, eb = rb * c.m + 4;
+            std::vector<uint8_t> wg, wu;
+            for (int e = 0; e < c.n_exp; e++)
+                for (auto* w : {&wg, &wu}) {
+                    auto we = random_weights(f, c.m, c.k);
+                    w->insert(w->end(), we.begin(), we.end());
+                    w->insert(w->end(), eb - rb * c.m, 0xEE);
+                }
+            const int n_used = 8, pairs = c.n_tokens * n_used;
+            std::vector<int32_t> ids(pairs);
+            for (int t = 0; t < c.n_tokens; t++)
+                for (int j = 0; j < n_used; j++) ids[t * n_used + j] = (int32_t)((t * 3 + j * 5 + rng() % 2) % c.n_exp);
+            ids[3] = ids[2];
+            ids[1] = -1;
+            std::vector<float> x((size_t)c.n_tokens * c.k);
+            for (auto& v : x) v = urand(1.5f);
+            std::vector<float> a((size_t)pairs * c.m, -7.0f);
+            launch(5, 128, [&] {
+                experts_gate_up(wg.data(), wu.data(), x.data(), ids.data(), a.data(), f.id, c.m, c.k, c.n_tokens,
+                                n_used, eb, eb);
+            });
+            const size_t stride = ((size_t)c.k * 5 / 4 + 15) / 16 * 16;
+            std::vector<uint4> act_buf(stride * c.n_tokens / 16 + 1);
+            uint8_t* act = (uint8_t*)act_buf.data();
+            struct Cfg { unsigned g, b; };
+            for (const Cfg& g : std::vector<Cfg>{{(unsigned)(pairs * ((c.m + 3) / 4)), 128}, {3, 256}}) {
+                std::vector<float> b(a.size(), -7.0f);
+                auto args = [&](auto kernel) {
+                    kernel(wg.data(), wu.data(), x.data(), ids.data(), b.data(), f.id, c.m, c.k, c.n_tokens, n_used,
+                           eb, eb, act);
+                };
+                launch((unsigned)c.n_tokens * ((c.k + 255) / 256), 256, [&] { args(quantise_act_q8_gate_up); });
+                launch(g.g, g.b, [&] { args(experts_gate_up_multi_q8); });
+                char what[200];
+                snprintf(what, sizeof what, "experts_gate_up_multi_q8 %s m %d k %d tokens %d grid %u/%u", f.name,
+                         c.m, c.k, c.n_tokens, g.g, g.b);
+                report(what, memcmp(a.data(), b.data(), a.size() * 4) == 0 ? 0.0 : 1.0, 0);
+            }
+        }
+    }
+}
