@@ -478,7 +478,9 @@ fn gate_up_window_forms_take_quantised_windows() {
         // rows in 4-warp blocks have 40 x 192 units, one H200 wave at most; 2 tokens of 40
         // rows, 16 x 10 units of 4 (8 of 8-warp blocks).
         let grid = v.grid.unwrap();
-        assert_eq!(grid(&args(12, 768, 2048, 5), 128), Some(396));
+        // One wave of 24 warps an SM: 792 blocks of 4 warps, 396 of 8.
+        assert_eq!(grid(&args(12, 768, 2048, 5), 128), Some(792));
+        assert_eq!(grid(&args(12, 768, 2048, 5), 256), Some(396));
         assert_eq!(grid(&args(12, 40, 2048, 2), 128), Some(16 * 10));
         assert_eq!(grid(&args(12, 40, 2048, 2), 256), Some(16 * 5));
         // Every token's row quantised first, 256 values a block.

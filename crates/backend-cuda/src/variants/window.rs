@@ -84,7 +84,7 @@ pub(super) fn gate_up_window_blocks(a: &[KernelArg], block_threads: u32, at: usi
     );
     let ranks = n.checked_mul(used)?;
     let units = ranks.checked_mul(m.div_ceil((block_threads / 32).clamp(1, 8)))?;
-    Some(units.min(CACHED_WINDOW_MAX_BLOCKS))
+    Some(units.min(window_max_blocks(block_threads)))
 }
 
 /// Units of the window kernels that take a unit per (routed expert, 16 rows) rather than
@@ -112,11 +112,11 @@ pub(super) fn cached_expert_units(a: &[KernelArg], block_threads: u32) -> Option
 }
 
 /// Blocks of mul_mat_experts_cached_multi_q8: [`cached_expert_units`], at most
-/// [`CACHED_WINDOW_MAX_BLOCKS`]. The kernel takes its units in a grid-stride loop; a block
+/// [`window_max_blocks`]. The kernel takes its units in a grid-stride loop; a block
 /// past the window's distinct experts (known only there) would wait, read the ids and
 /// leave, and each block computes the window's keys once for all its units.
 pub(super) fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    Some(cached_expert_units(a, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
+    Some(cached_expert_units(a, block_threads)?.min(window_max_blocks(block_threads)))
 }
 
 /// Blocks of mul_mat_experts_multi_q8, as [`cached_window_q8_blocks`]: a rank per pair (the
@@ -124,7 +124,8 @@ pub(super) fn cached_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Op
 /// mul_mat_experts(w, x, ids, y | type, m, k, n_tokens, n_used, ...)
 pub(super) fn experts_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
     let (m, n, used) = (u32_arg(a, 5)?, u32_arg(a, 7)?, u32_arg(a, 8)?);
-    Some(expert_units(m, n.checked_mul(used)?, block_threads)?.min(CACHED_WINDOW_MAX_BLOCKS))
+    let units = expert_units(m, n.checked_mul(used)?, block_threads)?;
+    Some(units.min(window_max_blocks(block_threads)))
 }
 
 /// One wave of mul_mat_experts_cached_multi_q8 on an H200 (132 SMs of 3 blocks: its
@@ -133,3 +134,12 @@ pub(super) fn experts_window_q8_blocks(a: &[KernelArg], block_threads: u32) -> O
 /// (`tools/h200_call.sh window-grid`, REPS=2). Any grid gives the same results; a GPU with
 /// fewer SMs runs more than a wave.
 pub(super) const CACHED_WINDOW_MAX_BLOCKS: u32 = 396;
+
+/// The window kernels' grid cap for blocks of `block_threads`: one wave of their warps,
+/// [`CACHED_WINDOW_MAX_BLOCKS`] blocks of 8 warps (24 warps an SM), so 4-warp blocks (ops.rs
+/// launches gate and up products, and windows of 2 tokens, in them) get twice the blocks
+/// rather than half the warps. (H200, 50% cache: the fused gate and up window form took
+/// 58.3 us a launch at 396 blocks of 4 warps, about its two separate products' 2 x 28.7.)
+pub(super) fn window_max_blocks(block_threads: u32) -> u32 {
+    CACHED_WINDOW_MAX_BLOCKS * 8 / (block_threads / 32).clamp(1, 8)
+}
