@@ -10,6 +10,27 @@
 // Included by main.cpp after its helpers.
 #pragma once
 
+// A window's routing for the window-unit tests: `n_tokens` tokens of `n_used` experts of
+// `n_exp`, distinct within a token where there are enough; with 4 experts, expert 0 in
+// every fourth pair (9 valid pairs of it after the tests' bad ids: more than a pass's 8).
+static std::vector<int32_t> window_ids(int n_tokens, int n_used, int n_exp) {
+    std::vector<int32_t> ids((size_t)n_tokens * n_used);
+    for (int t = 0; t < n_tokens; t++)
+        for (int j = 0; j < n_used; j++) {
+            int32_t e;
+            bool dup;
+            do {
+                e = (int32_t)(rng() % n_exp);
+                dup = false;
+                for (int q = 0; q < j; q++) dup = dup || ids[t * n_used + q] == e;
+            } while (dup && n_used <= n_exp);
+            ids[t * n_used + j] = e;
+        }
+    if (n_exp == 4)
+        for (size_t p = 0; p < ids.size(); p += 4) ids[p] = 0;
+    return ids;
+}
+
 static void test_cached_q8() {
     const uint4 poison = {0x5a5a5a5au, 0x5a5a5a5au, 0x5a5a5a5au, 0x5a5a5a5au};
     for (const Fmt& f : FORMATS) {
@@ -42,24 +63,8 @@ static void test_cached_q8() {
             }
             const int pairs = c.n_tokens * n_used;
             for (int per_slot = 0; per_slot < 2; per_slot++) {
-                // Distinct experts within a token where there are enough, then a repeat and
-                // bad ids.
-                std::vector<int32_t> ids(pairs);
-                for (int t = 0; t < c.n_tokens; t++)
-                    for (int j = 0; j < n_used; j++) {
-                        int32_t e;
-                        bool dup;
-                        do {
-                            e = (int32_t)(rng() % c.n_exp);
-                            dup = false;
-                            for (int q = 0; q < j; q++) dup = dup || ids[t * n_used + q] == e;
-                        } while (dup && n_used <= c.n_exp);
-                        ids[t * n_used + j] = e;
-                    }
-                // 4 experts: expert 0 (resident) in every fourth pair, 9 valid pairs of
-                // it after the bad ids below: more than a pass's 8.
-                if (c.n_exp == 4)
-                    for (int p = 0; p < pairs; p += 4) ids[p] = 0;
+                // window_ids' routing, then a repeat and bad ids.
+                std::vector<int32_t> ids = window_ids(c.n_tokens, n_used, c.n_exp);
                 ids[3] = ids[2];        // the same expert twice in a token
                 ids[1] = c.n_exp;       // past n_expert: NaN rows
                 ids[4] = -1;            // negative: NaN rows

@@ -36,24 +36,8 @@ static void test_experts_multi_q8() {
             w.insert(w.end(), 32, 0xEE);
             const int pairs = c.n_tokens * n_used;
             for (int per_slot = 0; per_slot < 2; per_slot++) {
-                // Distinct experts within a token where there are enough, then a repeat and
-                // negative ids.
-                std::vector<int32_t> ids(pairs);
-                for (int t = 0; t < c.n_tokens; t++)
-                    for (int j = 0; j < n_used; j++) {
-                        int32_t e;
-                        bool dup;
-                        do {
-                            e = (int32_t)(rng() % c.n_exp);
-                            dup = false;
-                            for (int q = 0; q < j; q++) dup = dup || ids[t * n_used + q] == e;
-                        } while (dup && n_used <= c.n_exp);
-                        ids[t * n_used + j] = e;
-                    }
-                // 4 experts: expert 0 in every fourth pair, 9 valid pairs of it after the
-                // negative ids below: more than a pass's 8.
-                if (c.n_exp == 4)
-                    for (int p = 0; p < pairs; p += 4) ids[p] = 0;
+                // window_ids' routing, then a repeat and bad ids.
+                std::vector<int32_t> ids = window_ids(c.n_tokens, n_used, c.n_exp);
                 ids[3] = ids[2];  // the same expert twice in a token
                 ids[1] = -1;      // negative: NaN rows
                 ids[9] = -3;      // another, the same key

@@ -340,6 +340,28 @@ const FLOAT_TYPES: [u32; 3] = [
 /// Variants for launches of one token (kernels-cuda/matvec_q8.cuh: the activation
 /// quantised once, every weight row's bytes in flight; matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
+/// A fused gate and up window form of `of` (fused.cu's `func`, launched after `pre`): both
+/// kernels take (5 buffers | type, m, k, n_tokens, n_used, ...).
+const fn gate_up_window(of: KernelId, func: &'static str, pre: &'static str) -> Variant {
+    Variant {
+        of,
+        func,
+        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
+        large_smem: false,
+        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
+        grid_exact: false,
+        pre: Some(PreLaunch {
+            func: pre,
+            grid: |a| {
+                let (rows, k) = gate_up_window_rows(a, 5)?;
+                rows.checked_mul(mvq_quantise_grid(k))
+            },
+            block: 256,
+        }),
+        scratch: false,
+    }
+}
+
 pub(crate) const VARIANTS: &[Variant] = &[
     // mul_mat(w, x, y | type, m, k, n)
     Variant {
@@ -620,43 +642,19 @@ pub(crate) const VARIANTS: &[Variant] = &[
     // gate and one up row (fused.cu), each routed expert's rows read once for all its pairs,
     // over every token's row quantised once by the one-token form's pre-launch; bit for bit
     // the kernel (its per-pair units).
-    Variant {
-        of: KernelId::ExpertsGateUp,
-        func: "experts_gate_up_multi_q8",
-        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
-        large_smem: false,
-        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
-        grid_exact: false,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_gate_up",
-            grid: |a| {
-                let (rows, k) = gate_up_window_rows(a, 5)?;
-                rows.checked_mul(mvq_quantise_grid(k))
-            },
-            block: 256,
-        }),
-        scratch: false,
-    },
+    gate_up_window(
+        KernelId::ExpertsGateUp,
+        "experts_gate_up_multi_q8",
+        "quantise_act_q8_gate_up",
+    ),
     // experts_gate_up_cached(slots, table, x, ids, y | type, m, k, n_tokens, n_used, ...)
     // for a verify window: the same units over the cache's slots (fused.cu), bit for bit the
     // kernel.
-    Variant {
-        of: KernelId::ExpertsGateUpCached,
-        func: "experts_gate_up_cached_multi_q8",
-        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
-        large_smem: false,
-        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
-        grid_exact: false,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_gate_up_window",
-            grid: |a| {
-                let (rows, k) = gate_up_window_rows(a, 5)?;
-                rows.checked_mul(mvq_quantise_grid(k))
-            },
-            block: 256,
-        }),
-        scratch: false,
-    },
+    gate_up_window(
+        KernelId::ExpertsGateUpCached,
+        "experts_gate_up_cached_multi_q8",
+        "quantise_act_q8_gate_up_window",
+    ),
     // attention(q, pos, k, v, out | n_tokens, ...) of up to 64 tokens in a context longer
     // than 1,024 rows, head_dim 128: long spans over up to 128 blocks on tensor cores
     // (attention_flash.cuh); before attention_long, which keeps what it declines.

@@ -22,9 +22,18 @@
 #[path = "common/variants.rs"]
 mod variants;
 
-use strata_core::{Args, Device, KernelId, LaunchCfg};
+use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg, Stream};
 use strata_quant::QuantType;
 use variants::{FORMATS, GPU, Rng, download, expert_weights, gpu, random_weights, same_bits};
+
+/// One case's outcome, printed; remembered in `failures` when the bits differ.
+fn record(kernel: &str, what: String, ok: bool, failures: &mut Vec<String>) {
+    let verdict = if ok { "bit-exact" } else { "DIFFERENT" };
+    println!("{kernel} {what}: {verdict}");
+    if !ok {
+        failures.push(what);
+    }
+}
 
 /// Experts of the test's layer, and how many a token routes to.
 const N_EXPERT: usize = 24;
@@ -106,6 +115,44 @@ fn routing(n_tokens: usize, rng: &mut Rng) -> Vec<i32> {
     ids
 }
 
+/// A window on a device: its activations, its routing and its output (-7 everywhere), the
+/// buffers a launch's arguments borrow.
+struct WindowIo {
+    s: Stream,
+    x: DeviceBuffer<f32>,
+    ids: DeviceBuffer<i32>,
+    y: DeviceBuffer<f32>,
+    n_tokens: u32,
+}
+
+impl WindowIo {
+    fn new(dev: &Device, x: &[f32], ids: &[i32], m: usize) -> Self {
+        let s = dev.main_stream();
+        WindowIo {
+            s,
+            x: dev.alloc_from(x, s).unwrap(),
+            ids: dev.alloc_from(ids, s).unwrap(),
+            y: dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap(),
+            n_tokens: (ids.len() / N_USED) as u32,
+        }
+    }
+
+    /// Launches `id` with `args` and gives back the output.
+    fn run(&self, dev: &Device, id: KernelId, cfg: LaunchCfg, args: Args<'_>) -> Vec<f32> {
+        dev.launch(id, &cfg, &args, self.s).unwrap();
+        download(dev, &self.y, self.s)
+    }
+}
+
+/// A cache's slots and residency table on a device.
+fn cache_buffers(dev: &Device, cache: &Cache) -> (DeviceBuffer<u8>, DeviceBuffer<i32>) {
+    let s = dev.main_stream();
+    (
+        dev.alloc_from(&cache.slots, s).unwrap(),
+        dev.alloc_from(&cache.table, s).unwrap(),
+    )
+}
+
 /// mul_mat_experts_cached on `dev` for one window, launched as ops.rs launches it; the
 /// output starts as -7 everywhere.
 #[allow(clippy::too_many_arguments)]
@@ -119,27 +166,18 @@ fn cached(
     ids: &[i32],
     per_slot: bool,
 ) -> Vec<f32> {
-    let s = dev.main_stream();
-    let n_tokens = ids.len() / N_USED;
-    let (slots, table) = (
-        dev.alloc_from(&cache.slots, s).unwrap(),
-        dev.alloc_from(&cache.table, s).unwrap(),
-    );
-    let (bx, bi) = (
-        dev.alloc_from(x, s).unwrap(),
-        dev.alloc_from(ids, s).unwrap(),
-    );
-    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let io = WindowIo::new(dev, x, ids, m);
+    let (slots, table) = cache_buffers(dev, cache);
     let args = Args::new()
         .read(&slots)
         .read(&table)
-        .read(&bx)
-        .read(&bi)
-        .write(&y)
+        .read(&io.x)
+        .read(&io.ids)
+        .write(&io.y)
         .u32(ty.id())
         .u32(m as u32)
         .u32(k as u32)
-        .u32(n_tokens as u32)
+        .u32(io.n_tokens)
         .u32(N_USED as u32)
         .u32(per_slot as u32)
         .u32(N_EXPERT as u32)
@@ -147,9 +185,7 @@ fn cached(
         .u64(cache.offset as u64);
     // ops.rs's shape: a 256-thread block per 16 rows of a pair.
     let cfg = LaunchCfg::linear(ids.len() * m.div_ceil(16) * 256, 256);
-    dev.launch(KernelId::MulMatExpertsCached, &cfg, &args, s)
-        .unwrap();
-    download(dev, &y, s)
+    io.run(dev, KernelId::MulMatExpertsCached, cfg, args)
 }
 
 #[test]
@@ -197,13 +233,7 @@ fn mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel() {
                     let ok = same_bits(&a, &want) && rows_ok;
                     let what =
                         format!("{name}: {ty:?} {m}x{k} per_slot {per_slot} tokens {n_tokens}");
-                    println!(
-                        "mul_mat_experts_cached_multi {what}: {}",
-                        if ok { "bit-exact" } else { "DIFFERENT" }
-                    );
-                    if !ok {
-                        failures.push(what);
-                    }
+                    record("mul_mat_experts_cached_multi", what, ok, &mut failures);
                 }
             }
         }
@@ -222,35 +252,28 @@ fn resident(
     ids: &[i32],
     per_slot: bool,
 ) -> Vec<f32> {
-    let s = dev.main_stream();
-    let n_tokens = ids.len() / N_USED;
-    let (bw, bx, bi) = (
-        dev.alloc_from(w, s).unwrap(),
-        dev.alloc_from(x, s).unwrap(),
-        dev.alloc_from(ids, s).unwrap(),
-    );
-    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let io = WindowIo::new(dev, x, ids, m);
+    let bw = dev.alloc_from(w, io.s).unwrap();
     let args = Args::new()
         .read(&bw)
-        .read(&bx)
-        .read(&bi)
-        .write(&y)
+        .read(&io.x)
+        .read(&io.ids)
+        .write(&io.y)
         .u32(ty.id())
         .u32(m as u32)
         .u32(k as u32)
-        .u32(n_tokens as u32)
+        .u32(io.n_tokens)
         .u32(N_USED as u32)
         .u32(per_slot as u32)
         .u64(stride as u64);
     // ops.rs's shapes: up to 2 tokens 128-thread blocks of 8 rows a pair, more 256-thread
     // blocks of 16 rows a routed expert (and one more for invalid ids).
-    let cfg = if n_tokens <= 2 {
+    let cfg = if io.n_tokens <= 2 {
         LaunchCfg::linear(m.div_ceil(8) * ids.len() * 128, 128)
     } else {
         LaunchCfg::linear(m.div_ceil(16) * (ids.len().min(N_EXPERT) + 1) * 256, 256)
     };
-    dev.launch(KernelId::MulMatExperts, &cfg, &args, s).unwrap();
-    download(dev, &y, s)
+    io.run(dev, KernelId::MulMatExperts, cfg, args)
 }
 
 #[test]
@@ -296,13 +319,7 @@ fn mul_mat_experts_multi_q8_is_bit_for_bit_each_token_alone() {
                     .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
                 let ok = same_bits(&got, &grouped) && same_bits(&got, &alone) && nan_rows;
                 let what = format!("{ty:?} {m}x{k} per_slot {per_slot} tokens {n_tokens}");
-                println!(
-                    "mul_mat_experts_multi_q8 {what}: {}",
-                    if ok { "bit-exact" } else { "DIFFERENT" }
-                );
-                if !ok {
-                    failures.push(what);
-                }
+                record("mul_mat_experts_multi_q8", what, ok, &mut failures);
             }
         }
     }
@@ -320,31 +337,26 @@ fn gate_up_resident(
     x: &[f32],
     ids: &[i32],
 ) -> Vec<f32> {
-    let s = dev.main_stream();
-    let n_tokens = ids.len() / N_USED;
-    let (bg, bu, bx, bi) = (
-        dev.alloc_from(wg, s).unwrap(),
-        dev.alloc_from(wu, s).unwrap(),
-        dev.alloc_from(x, s).unwrap(),
-        dev.alloc_from(ids, s).unwrap(),
+    let io = WindowIo::new(dev, x, ids, m);
+    let (bg, bu) = (
+        dev.alloc_from(wg, io.s).unwrap(),
+        dev.alloc_from(wu, io.s).unwrap(),
     );
-    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
     let args = Args::new()
         .read(&bg)
         .read(&bu)
-        .read(&bx)
-        .read(&bi)
-        .write(&y)
+        .read(&io.x)
+        .read(&io.ids)
+        .write(&io.y)
         .u32(ty.id())
         .u32(m as u32)
         .u32(k as u32)
-        .u32(n_tokens as u32)
+        .u32(io.n_tokens)
         .u32(N_USED as u32)
         .u64(stride as u64)
         .u64(stride as u64);
     let cfg = LaunchCfg::linear(m.div_ceil(4) * ids.len() * 128, 128);
-    dev.launch(KernelId::ExpertsGateUp, &cfg, &args, s).unwrap();
-    download(dev, &y, s)
+    io.run(dev, KernelId::ExpertsGateUp, cfg, args)
 }
 
 #[test]
@@ -384,13 +396,7 @@ fn experts_gate_up_multi_q8_is_bit_for_bit_each_token_alone() {
                     .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
                 let ok = same_bits(&got, &per_pair) && same_bits(&got, &alone) && nan_rows;
                 let what = format!("{ty:?} {m}x{k} tokens {n_tokens}");
-                println!(
-                    "experts_gate_up_multi_q8 {what}: {}",
-                    if ok { "bit-exact" } else { "DIFFERENT" }
-                );
-                if !ok {
-                    failures.push(what);
-                }
+                record("experts_gate_up_multi_q8", what, ok, &mut failures);
             }
         }
     }
@@ -408,36 +414,25 @@ fn gate_up_cached(
     x: &[f32],
     ids: &[i32],
 ) -> Vec<f32> {
-    let s = dev.main_stream();
-    let n_tokens = ids.len() / N_USED;
-    let (slots, table) = (
-        dev.alloc_from(&cache.slots, s).unwrap(),
-        dev.alloc_from(&cache.table, s).unwrap(),
-    );
-    let (bx, bi) = (
-        dev.alloc_from(x, s).unwrap(),
-        dev.alloc_from(ids, s).unwrap(),
-    );
-    let y = dev.alloc_from(&vec![-7.0f32; ids.len() * m], s).unwrap();
+    let io = WindowIo::new(dev, x, ids, m);
+    let (slots, table) = cache_buffers(dev, cache);
     let args = Args::new()
         .read(&slots)
         .read(&table)
-        .read(&bx)
-        .read(&bi)
-        .write(&y)
+        .read(&io.x)
+        .read(&io.ids)
+        .write(&io.y)
         .u32(ty.id())
         .u32(m as u32)
         .u32(k as u32)
-        .u32(n_tokens as u32)
+        .u32(io.n_tokens)
         .u32(N_USED as u32)
         .u32(N_EXPERT as u32)
         .u64(cache.slot_bytes as u64)
         .u64(cache.offset as u64)
         .u64((cache.offset + up_at) as u64);
     let cfg = LaunchCfg::linear(m.div_ceil(4) * ids.len() * 128, 128);
-    dev.launch(KernelId::ExpertsGateUpCached, &cfg, &args, s)
-        .unwrap();
-    download(dev, &y, s)
+    io.run(dev, KernelId::ExpertsGateUpCached, cfg, args)
 }
 
 /// The sequence experts_gate_up_cached replaces: mul_mat_experts_cached of the gate and of
@@ -527,13 +522,7 @@ fn experts_gate_up_cached_is_bit_for_bit_the_sequence() {
                 });
                 let ok = rows_ok && same_bits(&got, &pairs);
                 let what = format!("{ty:?} {m}x{k} tokens {n_tokens}");
-                println!(
-                    "experts_gate_up_cached {what}: {}",
-                    if ok { "bit-exact" } else { "DIFFERENT" }
-                );
-                if !ok {
-                    failures.push(what);
-                }
+                record("experts_gate_up_cached", what, ok, &mut failures);
             }
         }
     }
