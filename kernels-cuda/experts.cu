@@ -20,30 +20,14 @@ __device__ __forceinline__ void cached_pair_units(MvShared& sh, const uint8_t* s
                                                   uint32_t n_used, uint32_t x_per_slot,
                                                   uint32_t n_expert, uint64_t slot_bytes,
                                                   uint64_t matrix_offset) {
-    const uint32_t rows = mv_rows_per_unit();
-    const uint64_t groups = (m + rows - 1) / rows;
-    const uint64_t units = pairs * groups;
     uint64_t staged = ~(uint64_t)0;
-    for (uint64_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint64_t p = un / groups;
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        const int32_t e = ids[p];
-        if (e < 0 || (uint32_t)e >= n_expert) {
-            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                y[p * m + r] = nan_f32();
-            continue;
-        }
-        const int32_t s = table[e];
-        if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
-        const uint64_t xrow = x_per_slot ? p : p / n_used;
-        MmUnit u = one_row_unit(type, m, k);
-        u.w = slots + (uint64_t)s * slot_bytes + matrix_offset;
-        u.x = x + xrow * k;
-        u.y = y + p * m;
-        u.r0 = r0;
-        u.act_key = xrow;
-        mv_unit(sh, type, u, staged);
-    }
+    MmUnit u = one_row_unit(type, m, k);
+    for_each_cached_pair_unit(slots, table, x, ids, y, pairs, n_used, x_per_slot, n_expert,
+                              slot_bytes, mv_rows_per_unit(), u,
+                              [&](MmUnit& v, const uint8_t* slot) {
+                                  v.w = slot + matrix_offset;
+                                  mv_unit(sh, type, v, staged);
+                              });
 }
 
 // e = ids[p], s = table[e]; s >= 0: y[p] = x' · Wᵀ with W at byte s · slot_bytes +

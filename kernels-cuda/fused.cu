@@ -418,34 +418,19 @@ extern "C" __global__ void __launch_bounds__(256, MV_MIN_BLOCKS)
         type == T_BF16)
         return fill_nan(y, pairs * m);
     const uint32_t rows = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) * GU_ROWS;
-    const uint64_t groups = (m + rows - 1) / rows;
     uint64_t staged = ~(uint64_t)0;
-    MmUnit g = one_row_unit(type, m, k);
-    for (uint64_t un = blockIdx.x; un < pairs * groups; un += gridDim.x) {
-        const uint64_t p = un / groups;
-        const uint32_t r0 = (uint32_t)(un % groups) * rows;
-        const int32_t e = ids[p];
-        if (e < 0 || (uint32_t)e >= n_expert) {
-            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, m); r += blockDim.x)
-                y[p * m + r] = nan_f32();
-            continue;
-        }
-        const int32_t s = table[e];
-        if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
-        const uint8_t* slot = slots + (uint64_t)s * slot_bytes;
-        g.w = slot + offset_g;
-        g.x = x + (p / n_used) * k;
-        g.y = y + p * m;
-        g.r0 = r0;
-        g.act_key = p / n_used;
-        switch (type) {
+    MmUnit u = one_row_unit(type, m, k);
+    for_each_cached_pair_unit(slots, table, x, ids, y, pairs, n_used, 0, n_expert, slot_bytes,
+                              rows, u, [&](MmUnit& g, const uint8_t* slot) {
+                                  g.w = slot + offset_g;
+                                  switch (type) {
 #define GUC_CASE(id, F) \
     case id: gate_up_unit<F>(sh, g, slot + offset_u, staged); break;
-            QUANT_FORMATS(GUC_CASE)
+                                      QUANT_FORMATS(GUC_CASE)
 #undef GUC_CASE
-            default: break;
-        }
-    }
+                                      default: break;
+                                  }
+                              });
 }
 
 // experts_gate_up_cached for verify windows (2..=8 tokens, up to MVW_PAIRS pairs) of the

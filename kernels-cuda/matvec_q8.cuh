@@ -154,10 +154,12 @@ struct MvqActRow {
     uint32_t k;
 };
 
+// A lane's activation in one step: its 32 quants at `q` (16-byte aligned), its scale at
+// `d` and Q8_1's sum or the packed half sums `s_at` bytes after the scale.
 template <class F>
-__device__ __forceinline__ void mvq_load_act(const MvqActRow& act, uint32_t v, MvqLaneAct& out) {
-    const uint4* p = (const uint4*)(act.base + v);
-    const uint4 lo = p[0], hi = p[1];
+__device__ __forceinline__ void mvq_load_lane(const uint8_t* q, const uint8_t* d, uint32_t s_at,
+                                              MvqLaneAct& out) {
+    const uint4 lo = *(const uint4*)q, hi = *(const uint4*)(q + 16);
     out.q[0] = (int)lo.x;
     out.q[1] = (int)lo.y;
     out.q[2] = (int)lo.z;
@@ -166,9 +168,15 @@ __device__ __forceinline__ void mvq_load_act(const MvqActRow& act, uint32_t v, M
     out.q[5] = (int)hi.y;
     out.q[6] = (int)hi.z;
     out.q[7] = (int)hi.w;
-    const float* d = (const float*)(act.base + act.k);
-    out.d = d[v / 32];
-    out.s = F::OFFSET || F::MIN ? d[act.k / 32 + v / 32] : 0.0f;
+    out.d = *(const float*)d;
+    out.s = F::OFFSET || F::MIN ? *(const float*)(d + s_at) : 0.0f;
+}
+
+// The activation of the lane whose sub-block starts at value `v` of row `act`.
+template <class F>
+__device__ __forceinline__ void mvq_load_act(const MvqActRow& act, uint32_t v, MvqLaneAct& out) {
+    const uint8_t* d = act.base + act.k + (v / 32) * 4;
+    mvq_load_lane<F>(act.base + v, d, (act.k / 32) * 4, out);
 }
 
 // The rows of mul_mat_vec_q8: unit g is rows g · nw.. (warp i takes row g · nw + i).

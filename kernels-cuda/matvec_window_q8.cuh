@@ -106,19 +106,8 @@ __device__ __forceinline__ void mvwq_pass(const MvwqLaunch& l, const uint8_t* co
                 if (i >= tn) break;
                 MvqLaneAct a;
                 const uint32_t row = (uint32_t)(xr >> (8 * i)) & 255;
-                // mvq_load_act's loads, from row `row`'s offset.
                 const uint32_t off = row * stride + after;
-                const uint4 lo = *(const uint4*)(q0 + off), hi = *(const uint4*)(q0 + off + 16);
-                a.q[0] = (int)lo.x;
-                a.q[1] = (int)lo.y;
-                a.q[2] = (int)lo.z;
-                a.q[3] = (int)lo.w;
-                a.q[4] = (int)hi.x;
-                a.q[5] = (int)hi.y;
-                a.q[6] = (int)hi.z;
-                a.q[7] = (int)hi.w;
-                a.d = *(const float*)(d0 + off);
-                a.s = F::OFFSET || F::MIN ? *(const float*)(d0 + off + s_at) : 0.0f;
+                mvq_load_lane<F>(q0 + off, d0 + off, s_at, a);
                 acc[rr][i] = __fadd_rn(acc[rr][i], mvq_dot<F>(s, a.q, a.d, a.s));
                 after = __float_as_uint(acc[rr][i]) & zero;
             }
@@ -223,7 +212,8 @@ __device__ __forceinline__ void mvwq_expert_units(MvwqShared& sh, const MvwqLaun
                                                   uint32_t type, const int32_t* ids,
                                                   uint32_t pairs, uint32_t n_expert,
                                                   MatsOf mats_of) {
-    const uint32_t rows = GU ? (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS) : mv_rows_per_unit();
+    const uint32_t warps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
+    const uint32_t rows = GU ? warps : mv_rows_per_unit();
     const uint32_t groups = (l.m + rows - 1) / rows;
     // Blocks past the most units a launch of this size can have leave at once.
     if (blockIdx.x >= pairs * groups) return;

@@ -430,9 +430,9 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // mul_mat_experts for verify windows of the quantised formats (the backend sends 2..=8
 // tokens; any launch of up to MVW_PAIRS pairs works) over resident experts (expert e at
-// byte e · expert_bytes of w), over the rows quantise_act_q8_experts left in `act`: experts.cu's mul_mat_experts_cached_multi_q8 units
-// (matvec_window_q8.cuh), so each routed expert's rows are read once for all the pairs
-// routed to it, where mul_mat_experts reads them once a tile of pairs and its per-pair
+// byte e · expert_bytes of w), over the rows quantise_act_q8_experts left in `act`:
+// experts.cu's mul_mat_experts_cached_multi_q8 units (matvec_window_q8.cuh), so each routed
+// expert's rows are read once for all the pairs routed to it, where mul_mat_experts reads them once a tile of pairs and its per-pair
 // forms once a pair. Each pair's rows are bit for bit mul_mat_experts_q8's for that pair's
 // token alone (mv_dot's arithmetic): a window's tokens get a step's outputs, as greedy
 // speculative decoding needs. Negative ids give NaN rows (ids past the experts are the

@@ -1,7 +1,9 @@
 // The (token, slot) units of an expert product: what mul_mat_experts (for few tokens), its
 // one-token variant and fused.cu's experts_gate_up share. Unit (slot, row group) computes
 // `rows` rows of expert ids[slot] for the slot's activation row (x[slot] with x_per_slot,
-// else x[slot / n_used]); a negative id gets NaN rows.
+// else x[slot / n_used]); a negative id gets NaN rows. for_each_cached_pair_unit is the
+// same over the expert cache (experts.cu's mul_mat_experts_cached, fused.cu's
+// experts_gate_up_cached).
 #pragma once
 
 #include "common.cuh"
@@ -43,6 +45,37 @@ __device__ void for_each_slot_unit(const uint8_t* w, const float* x, const int32
         u.r0 = r0;
         u.act_key = xrow;
         run(u, e);
+    }
+}
+
+// for_each_slot_unit over the expert cache: pair p's expert e = ids[p] has its matrices in
+// slot s = table[e] of the cache; run(u, slot) gets u with x, y, r0 and act_key set and the
+// slot's bytes (the caller adds its matrix's offset to set u.w). An id outside
+// [0, n_expert) gets NaN rows; an expert without a slot is left alone (the CPU pool's).
+template <class Run>
+__device__ void for_each_cached_pair_unit(const uint8_t* slots, const int32_t* table,
+                                          const float* x, const int32_t* ids, float* y,
+                                          uint64_t pairs, uint32_t n_used, uint32_t x_per_slot,
+                                          uint32_t n_expert, uint64_t slot_bytes, uint32_t rows,
+                                          MmUnit& u, Run run) {
+    const uint64_t groups = (u.m + rows - 1) / rows;
+    for (uint64_t un = blockIdx.x; un < pairs * groups; un += gridDim.x) {
+        const uint64_t p = un / groups;
+        const uint32_t r0 = (uint32_t)(un % groups) * rows;
+        const int32_t e = ids[p];
+        if (e < 0 || (uint32_t)e >= n_expert) {
+            for (uint32_t r = r0 + threadIdx.x; r < min(r0 + rows, u.m); r += blockDim.x)
+                y[p * u.m + r] = nan_f32();
+            continue;
+        }
+        const int32_t s = table[e];
+        if (s < 0) continue;  // block-uniform: every thread of the block sees the same pair
+        const uint64_t xrow = x_per_slot ? p : p / n_used;
+        u.x = x + xrow * u.k;
+        u.y = y + p * u.m;
+        u.r0 = r0;
+        u.act_key = xrow;
+        run(u, slots + (uint64_t)s * slot_bytes);
     }
 }
 

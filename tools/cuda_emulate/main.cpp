@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_short|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|experts_multi_q8|gate_up_multi_q8|argmax [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_short|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|experts_multi_q8|gate_up_multi_q8|gate_up_cached|argmax [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -840,6 +840,7 @@ int main(int argc, char** argv) {
     if (only == "cached" || only == "cached_q8") test_cached_q8();
     if (only == "cached" || only == "experts_multi_q8") test_experts_multi_q8();
     if (only == "cached" || only == "gate_up_multi_q8") test_gate_up_multi_q8();
+    if (only == "cached" || only == "gate_up_cached") test_gate_up_cached();
     if (only.empty() || only == "argmax") test_argmax();
     printf("%d failed\n", fails);
     return fails != 0;

@@ -158,3 +158,59 @@ static void test_gate_up_multi_q8() {
         }
     }
 }
+
+// fused.cu's experts_gate_up_cached (the cache's gate, up and SwiGLU in one launch) against
+// experts_gate_up over the same experts resident, bit for bit for the pairs whose expert
+// has a slot: every other expert left to the pool (rows untouched), slots in another order
+// than the experts, the up matrix at an offset within the slot; ids past n_expert and
+// negative ones give NaN rows.
+static void test_gate_up_cached() {
+    for (const Fmt& f : FORMATS) {
+        if (f.id != T_Q4_K && f.id != T_Q6_K) continue;
+        const int m = 12, k = 512, n_exp = 6, n_tokens = 2, n_used = 4, pairs = n_tokens * n_used;
+        const size_t rb = (size_t)(k / f.qk) * f.bytes, mat = rb * m, off_g = 32, off_u = off_g + mat + 16;
+        const size_t slot_bytes = off_u + mat + 16;
+        std::vector<uint8_t> wg, wu;
+        for (int e = 0; e < n_exp; e++) {
+            auto g = random_weights(f, m, k), u = random_weights(f, m, k);
+            wg.insert(wg.end(), g.begin(), g.end());
+            wu.insert(wu.end(), u.begin(), u.end());
+        }
+        std::vector<int32_t> table(n_exp, -1);
+        std::vector<uint8_t> slots;
+        for (int e = n_exp - 1; e >= 0; e--) {
+            if (e % 2 == 1) continue;  // the pool's
+            table[e] = (int32_t)(slots.size() / slot_bytes);
+            slots.resize(slots.size() + slot_bytes, 0xEE);
+            uint8_t* slot = slots.data() + table[e] * slot_bytes;
+            std::copy(wg.begin() + e * mat, wg.begin() + (e + 1) * mat, slot + off_g);
+            std::copy(wu.begin() + e * mat, wu.begin() + (e + 1) * mat, slot + off_u);
+        }
+        std::vector<int32_t> ids = {0, 1, 2, 4, 3, 5, 0, 2};
+        std::vector<float> x((size_t)n_tokens * k);
+        for (auto& v : x) v = urand(1.5f);
+        std::vector<float> want((size_t)pairs * m, -7.0f);
+        launch(3, 128, [&] {
+            experts_gate_up(wg.data(), wu.data(), x.data(), ids.data(), want.data(), f.id, m, k, n_tokens, n_used,
+                            mat, mat);
+        });
+        ids[1] = n_exp;  // past the experts: NaN
+        ids[5] = -1;     // negative: NaN
+        std::vector<float> got(want.size(), -7.0f);
+        launch(5, 128, [&] {
+            experts_gate_up_cached(slots.data(), table.data(), x.data(), ids.data(), got.data(), f.id, m, k, n_tokens,
+                                   n_used, n_exp, slot_bytes, off_g, off_u);
+        });
+        bool ok = true;
+        for (int p = 0; p < pairs; p++)
+            for (int r = 0; r < m; r++) {
+                const float g = got[(size_t)p * m + r], w = want[(size_t)p * m + r];
+                if (ids[p] < 0 || ids[p] >= n_exp) ok = ok && std::isnan(g);
+                else if (table[ids[p]] < 0) ok = ok && g == -7.0f;
+                else ok = ok && memcmp(&g, &w, 4) == 0;
+            }
+        char what[120];
+        snprintf(what, sizeof what, "experts_gate_up_cached %s vs experts_gate_up (bit-exact)", f.name);
+        report(what, ok ? 0.0 : 1.0, 0);
+    }
+}

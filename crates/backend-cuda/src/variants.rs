@@ -340,20 +340,19 @@ const FLOAT_TYPES: [u32; 3] = [
 /// Variants for launches of one token (kernels-cuda/matvec_q8.cuh: the activation
 /// quantised once, every weight row's bytes in flight; matvec.cuh: fewer registers, no
 /// staging) and of many (mma.cuh: tensor cores).
-/// A fused gate and up window form of `of` (fused.cu's `func`, launched after `pre`): both
-/// kernels take (5 buffers | type, m, k, n_tokens, n_used, ...).
+/// A fused gate and up window form of `of` (fused.cu's `func`, launched after `pre`).
 const fn gate_up_window(of: KernelId, func: &'static str, pre: &'static str) -> Variant {
     Variant {
         of,
         func,
-        applies: |a, _| gate_up_window_rows(a, 5).map(|_| 0),
+        applies: |a, _| gate_up_window_rows(a).map(|_| 0),
         large_smem: false,
-        grid: Some(|a, block| gate_up_window_blocks(a, block, 5)),
+        grid: Some(gate_up_window_blocks),
         grid_exact: false,
         pre: Some(PreLaunch {
             func: pre,
             grid: |a| {
-                let (rows, k) = gate_up_window_rows(a, 5)?;
+                let (rows, k) = gate_up_window_rows(a)?;
                 rows.checked_mul(mvq_quantise_grid(k))
             },
             block: 256,

@@ -241,6 +241,38 @@ fn mul_mat_experts_cached_multi_is_bit_for_bit_the_per_pair_kernel() {
     assert!(failures.is_empty(), "differ: {failures:?}");
 }
 
+/// routing()'s window of `n_tokens` with its id past the experts made valid (the resident
+/// kernels have no bound to check ids against); the negative id stays.
+fn resident_routing(n_tokens: usize, rng: &mut Rng) -> Vec<i32> {
+    let mut ids = routing(n_tokens, rng);
+    ids[1] = (ids[0] + 1) % N_EXPERT as i32;
+    ids
+}
+
+/// Whether a resident window's outputs `got` (`launch` on the default device) are bit for
+/// bit `others` (the same launch with the variant left out) and each token launched alone
+/// on the default device (`x_rows` activation rows of `k` a token), with NaN rows exactly
+/// for the negative ids.
+fn resident_window_ok(
+    launch: impl Fn(&[f32], &[i32]) -> Vec<f32>,
+    got: &[f32],
+    others: &[f32],
+    (x, ids): (&[f32], &[i32]),
+    (m, k, x_rows): (usize, usize, usize),
+) -> bool {
+    let alone: Vec<f32> = (0..ids.len() / N_USED)
+        .flat_map(|t| {
+            let xt = &x[t * x_rows * k..(t + 1) * x_rows * k];
+            launch(xt, &ids[t * N_USED..(t + 1) * N_USED])
+        })
+        .collect();
+    let nan_rows = ids
+        .iter()
+        .zip(got.chunks(m))
+        .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
+    same_bits(got, others) && same_bits(got, &alone) && nan_rows
+}
+
 /// mul_mat_experts on `dev` (experts `stride` bytes apart in `w`) for `ids.len() / N_USED`
 /// tokens, launched as ops.rs launches it; the output starts as -7 everywhere.
 fn resident(
@@ -295,29 +327,17 @@ fn mul_mat_experts_multi_q8_is_bit_for_bit_each_token_alone() {
             let stride = ty.row_bytes(k).unwrap() * m + 64;
             let w = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
             for n_tokens in 2..=8 {
-                // routing()'s windows with its id past the experts made valid (mul_mat_experts
-                // has no bound to check ids against); the negative id stays.
-                let mut ids = routing(n_tokens, &mut rng);
-                ids[1] = (ids[0] + 1) % N_EXPERT as i32;
-                let rows = if per_slot { ids.len() } else { n_tokens };
-                let x: Vec<f32> = (0..rows * k).map(|_| 2.0 * rng.f32()).collect();
-                let shape = (m, k, stride);
-                let got = resident(&first, ty, shape, &w, &x, &ids, per_slot);
-                let grouped = resident(&without, ty, shape, &w, &x, &ids, per_slot);
-                // Each token alone, as a decode step launches it.
+                let ids = resident_routing(n_tokens, &mut rng);
                 let x_rows = if per_slot { N_USED } else { 1 };
-                let alone: Vec<f32> = (0..n_tokens)
-                    .flat_map(|t| {
-                        let xt = &x[t * x_rows * k..(t + 1) * x_rows * k];
-                        let it = &ids[t * N_USED..(t + 1) * N_USED];
-                        resident(&first, ty, shape, &w, xt, it, per_slot)
-                    })
+                let x: Vec<f32> = (0..n_tokens * x_rows * k)
+                    .map(|_| 2.0 * rng.f32())
                     .collect();
-                let nan_rows = ids
-                    .iter()
-                    .zip(got.chunks(m))
-                    .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
-                let ok = same_bits(&got, &grouped) && same_bits(&got, &alone) && nan_rows;
+                let shape = (m, k, stride);
+                let launch =
+                    |x: &[f32], ids: &[i32]| resident(&first, ty, shape, &w, x, ids, per_slot);
+                let got = launch(&x, &ids);
+                let grouped = resident(&without, ty, shape, &w, &x, &ids, per_slot);
+                let ok = resident_window_ok(launch, &got, &grouped, (&x, &ids), (m, k, x_rows));
                 let what = format!("{ty:?} {m}x{k} per_slot {per_slot} tokens {n_tokens}");
                 record("mul_mat_experts_multi_q8", what, ok, &mut failures);
             }
@@ -378,23 +398,14 @@ fn experts_gate_up_multi_q8_is_bit_for_bit_each_token_alone() {
             let wg = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
             let wu = expert_weights(ty, m, k, N_EXPERT, stride, &mut rng);
             for n_tokens in 2..=8 {
-                let mut ids = routing(n_tokens, &mut rng);
-                ids[1] = (ids[0] + 1) % N_EXPERT as i32;
+                let ids = resident_routing(n_tokens, &mut rng);
                 let x: Vec<f32> = (0..n_tokens * k).map(|_| 2.0 * rng.f32()).collect();
                 let (shape, w) = ((m, k, stride), (&wg[..], &wu[..]));
-                let got = gate_up_resident(&first, ty, shape, w, &x, &ids);
+                let launch =
+                    |x: &[f32], ids: &[i32]| gate_up_resident(&first, ty, shape, w, x, ids);
+                let got = launch(&x, &ids);
                 let per_pair = gate_up_resident(&without, ty, shape, w, &x, &ids);
-                let alone: Vec<f32> = (0..n_tokens)
-                    .flat_map(|t| {
-                        let (xt, it) = (&x[t * k..(t + 1) * k], &ids[t * N_USED..][..N_USED]);
-                        gate_up_resident(&first, ty, shape, w, xt, it)
-                    })
-                    .collect();
-                let nan_rows = ids
-                    .iter()
-                    .zip(got.chunks(m))
-                    .all(|(&e, row)| (e < 0) == row.iter().all(|v| v.is_nan()));
-                let ok = same_bits(&got, &per_pair) && same_bits(&got, &alone) && nan_rows;
+                let ok = resident_window_ok(launch, &got, &per_pair, (&x, &ids), (m, k, 1));
                 let what = format!("{ty:?} {m}x{k} tokens {n_tokens}");
                 record("experts_gate_up_multi_q8", what, ok, &mut failures);
             }

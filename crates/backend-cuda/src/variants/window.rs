@@ -61,27 +61,22 @@ pub(super) fn experts_multi_q8_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
 }
 
 /// The fused gate and up window forms' launches (experts_gate_up_multi_q8,
-/// experts_gate_up_cached_multi_q8), whose arguments after the five buffers are (type, m,
-/// k, n_tokens, n_used, ...): `Some((activation rows, k))` (a token's row each) for a
-/// window [`window_q8_rows`] takes. `at` is the index of `type`.
-pub(super) fn gate_up_window_rows(a: &[KernelArg], at: usize) -> Option<(u32, u32)> {
+/// experts_gate_up_cached_multi_q8), both (5 buffers | type, m, k, n_tokens, n_used, ...):
+/// `Some((activation rows, k))` (a token's row each) for a window [`window_q8_rows`] takes.
+pub(super) fn gate_up_window_rows(a: &[KernelArg]) -> Option<(u32, u32)> {
     let (ty, k, n, used) = (
-        u32_arg(a, at)?,
-        u32_arg(a, at + 2)?,
-        u32_arg(a, at + 3)?,
-        u32_arg(a, at + 4)?,
+        u32_arg(a, 5)?,
+        u32_arg(a, 7)?,
+        u32_arg(a, 8)?,
+        u32_arg(a, 9)?,
     );
     window_q8_rows(ty, k, n, used, 0)
 }
 
 /// Blocks of those forms: a rank per pair, units of one gate and one up row a warp (at most
 /// 8 warps), one wave at most, as [`experts_window_q8_blocks`].
-pub(super) fn gate_up_window_blocks(a: &[KernelArg], block_threads: u32, at: usize) -> Option<u32> {
-    let (m, n, used) = (
-        u32_arg(a, at + 1)?,
-        u32_arg(a, at + 3)?,
-        u32_arg(a, at + 4)?,
-    );
+pub(super) fn gate_up_window_blocks(a: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let (m, n, used) = (u32_arg(a, 6)?, u32_arg(a, 8)?, u32_arg(a, 9)?);
     let ranks = n.checked_mul(used)?;
     let units = ranks.checked_mul(m.div_ceil((block_threads / 32).clamp(1, 8)))?;
     Some(units.min(window_max_blocks(block_threads)))
