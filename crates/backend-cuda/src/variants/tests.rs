@@ -713,3 +713,87 @@ fn mul_mat_qkv_q8_rows_takes_windows_whose_formats_share_an_activation() {
     assert_eq!((pre.grid)(&qkv([q4k; 3], m, 2048, 5)), Some(5 * 8));
     assert_eq!((pre.grid)(&qkv([q8_0; 3], m, 576, 3)), Some(3 * 3));
 }
+
+#[test]
+fn mul_mat_qkv_rope_q8_rows_takes_the_windows_mul_mat_qkv_q8_rows_takes() {
+    // mul_mat_qkv_rope(wq, .., done | type_q, type_k, type_v, k, n, n_head, n_kv_head,
+    // head_dim, n_ctx, norm, eps, n_rot, mode, 8 rope scalars)
+    let u = KernelArg::U32;
+    let rope = |t: [u32; 3], k, n, heads: [u32; 2], head_dim| {
+        let mut a = vec![KernelArg::U64(0x1000); 14];
+        a.extend(t.map(u));
+        a.extend([
+            u(k),
+            u(n),
+            u(heads[0]),
+            u(heads[1]),
+            u(head_dim),
+            u(4096),
+            u(1),
+        ]);
+        a.extend([KernelArg::F32(1e-6), u(128), u(2)]);
+        a.extend([KernelArg::F32(1.0); 6]);
+        a.push(u(4096));
+        a
+    };
+    // The same window's mul_mat_qkv(.. | types, m_q, m_k, m_v, k, n).
+    let qkv = |t: [u32; 3], k, n, heads: [u32; 2], head_dim: u32| {
+        let mut a = vec![KernelArg::U64(0x1000); 7];
+        a.extend(t.map(u));
+        a.extend(
+            [
+                heads[0] * head_dim,
+                heads[1] * head_dim,
+                heads[1] * head_dim,
+            ]
+            .map(u),
+        );
+        a.extend([u(k), u(n)]);
+        a
+    };
+    let find = |f: &str| VARIANTS.iter().position(|v| v.func == f).unwrap();
+    let v = &VARIANTS[find("mul_mat_qkv_rope_q8_rows")];
+    let plain = &VARIANTS[find("mul_mat_qkv_q8_rows")];
+    assert_eq!(v.of, KernelId::MulMatQkvRope);
+    assert_eq!(rope([12; 3], 2048, 5, [32, 4], 128).len(), 34);
+    let (q4k, q6k, q8_0, q4_0) = (12, 14, 8, 2);
+    let qwen3 = [32, 4];
+    for types in [
+        [q4k; 3],
+        [q4k, q4k, q6k],
+        [q8_0, q8_0, q4_0],
+        [q4k, q4k, q8_0],
+    ] {
+        for (k, head_dim) in [(2048, 128), (576, 64)] {
+            for n in 0..=9 {
+                assert_eq!(
+                    (v.applies)(&rope(types, k, n, qwen3, head_dim), 0),
+                    (plain.applies)(&qkv(types, k, n, qwen3, head_dim), 0),
+                    "{types:?} k={k} n={n}"
+                );
+            }
+        }
+    }
+    assert!((v.applies)(&rope([q4k; 3], 2048, 5, qwen3, 128), 0).is_some());
+    // Heads past qk_norm_rope_store's (256) and none: the kernel would refuse them.
+    assert!((v.applies)(&rope([q4k; 3], 2048, 5, [2, 1], 512), 0).is_none());
+    assert!((v.applies)(&rope([q4k; 3], 2048, 5, qwen3, 0), 0).is_none());
+    // mul_mat_qkv_q8_rows' grid for Q of n_head · head_dim rows, K and V of n_kv_head ·
+    // head_dim; its pre-launch's grid.
+    let grid = v.grid.unwrap();
+    assert_eq!(
+        grid(&rope([q4k; 3], 2048, 5, qwen3, 128), 128),
+        (plain.grid.unwrap())(&qkv([q4k; 3], 2048, 5, qwen3, 128), 128)
+    );
+    assert_eq!(
+        grid(&rope([q4k; 3], 2048, 5, qwen3, 128), 128),
+        Some(1024 + 2 * 128)
+    );
+    assert!(v.grid_exact && !v.large_smem && !v.scratch);
+    let pre = v.pre.as_ref().unwrap();
+    assert_eq!(pre.func, "quantise_act_q8_qkv_rope");
+    assert_eq!(
+        (pre.grid)(&rope([q4k; 3], 2048, 5, qwen3, 128)),
+        Some(5 * 8)
+    );
+}

@@ -371,6 +371,47 @@ fn products_ending_in_a_norm_match_their_sequences() {
     rep.finish();
 }
 
+/// The buffers one mul_mat_qkv_rope launch (or its sequence) writes: q, k, v, the rotated
+/// queries and both caches.
+struct QkvRopeOut {
+    q: DeviceBuffer<f32>,
+    k: DeviceBuffer<f32>,
+    v: DeviceBuffer<f32>,
+    q_out: DeviceBuffer<f32>,
+    k_cache: DeviceBuffer<u16>,
+    v_cache: DeviceBuffer<u16>,
+}
+
+impl QkvRopeOut {
+    /// Fresh outputs for `n` tokens of Q rows `mq` and K/V rows `mkv`, caches of `ctx` rows
+    /// of 1.0 (so rows a launch must not write stay visible).
+    fn new(d: &Device, n: usize, mq: usize, mkv: usize, ctx: usize) -> Self {
+        let alloc = |len: usize| d.alloc::<f32>(len).unwrap();
+        let cache = || upload(d, &vec![0x3C00u16; ctx * mkv]);
+        QkvRopeOut {
+            q: alloc(n * mq),
+            k: alloc(n * mkv),
+            v: alloc(n * mkv),
+            q_out: alloc(n * mq),
+            k_cache: cache(),
+            v_cache: cache(),
+        }
+    }
+
+    /// Everything it holds, f16 cache rows as their bits in f32s (compared exactly).
+    fn download(&self, d: &Device) -> [Vec<f32>; 6] {
+        let bits = |b: &DeviceBuffer<u16>| download(d, b).iter().map(|&h| h as f32).collect();
+        [
+            download(d, &self.q),
+            download(d, &self.k),
+            download(d, &self.v),
+            download(d, &self.q_out),
+            bits(&self.k_cache),
+            bits(&self.v_cache),
+        ]
+    }
+}
+
 #[test]
 fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
     let Some(p) = pair("mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store") else {
@@ -386,111 +427,124 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
         .iter()
         .map(|&m| upload(d, &random_weights(ty, m, k, &mut rng)))
         .collect();
-    let bx = upload(d, &rng.vec(k, 2.0));
     let (qn, kn) = (upload(d, &rng.vec(hd, 1.5)), upload(d, &rng.vec(hd, 1.5)));
-    let pos = upload(d, &[5i32]);
-    let alloc = |n: usize| d.alloc::<f32>(n).unwrap();
-    let caches = |d: &Device| {
-        let z = vec![0x3C00u16; ctx * mkv];
-        (upload(d, &z), upload(d, &z))
-    };
-    // The sequence: mul_mat_qkv, qk_norm_rope_store.
-    let (q, kk, v, q0) = (alloc(mq), alloc(mkv), alloc(mkv), alloc(mq));
-    let args = Args::new()
-        .read(&ws[0])
-        .read(&ws[1])
-        .read(&ws[2])
-        .read(&bx)
-        .write(&q)
-        .write(&kk)
-        .write(&v)
-        .u32(ty.id())
-        .u32(ty.id())
-        .u32(ty.id())
-        .u32(mq as u32)
-        .u32(mkv as u32)
-        .u32(mkv as u32)
-        .u32(k as u32)
-        .u32(1);
-    let units = (mq + 2 * mkv) / 8;
-    launch(
-        d,
-        KernelId::MulMatQkv,
-        &LaunchCfg::linear(units * 128, 128),
-        &args,
-    );
-    let (kc0, vc0) = caches(d);
-    let args = Args::new()
-        .read(&q)
-        .read(&kk)
-        .read(&v)
-        .read(&qn)
-        .read(&kn)
-        .read(&pos)
-        .write(&q0)
-        .write(&kc0)
-        .write(&vc0)
-        .u32(1)
-        .u32(n_head as u32)
-        .u32(n_kv as u32)
-        .u32(hd as u32)
-        .u32(ctx as u32);
-    launch(
-        d,
-        KernelId::QkNormRopeStore,
-        &LaunchCfg::linear(heads * 32, 256),
-        &qkr_tail(args, hd),
-    );
-    let want = (
-        download(d, &q),
-        download(d, &kk),
-        download(d, &v),
-        download(d, &q0),
-        download(d, &kc0),
-        download(d, &vc0),
-    );
-    let done = upload(d, &vec![0u32; heads]);
-    for launch_i in 0..2 {
-        let (q1, k1, v1, qo) = (alloc(mq), alloc(mkv), alloc(mkv), alloc(mq));
-        let (kc1, vc1) = caches(d);
+    // The fused launch of `n` rows of x at positions pos (a decode step for 1; the CUDA
+    // backend's mul_mat_qkv_rope_q8_rows for a verify window of 2..=8).
+    let fused =
+        |x: &DeviceBuffer<f32>, pos: &DeviceBuffer<i32>, n: usize, done: &DeviceBuffer<u32>| {
+            let o = QkvRopeOut::new(d, n, mq, mkv, ctx);
+            let args = Args::new()
+                .read(&ws[0])
+                .read(&ws[1])
+                .read(&ws[2])
+                .read(x)
+                .write(&o.q)
+                .write(&o.k)
+                .write(&o.v)
+                .read(&qn)
+                .read(&kn)
+                .read(pos)
+                .write(&o.q_out)
+                .write(&o.k_cache)
+                .write(&o.v_cache)
+                .read_write(done)
+                .u32(ty.id())
+                .u32(ty.id())
+                .u32(ty.id())
+                .u32(k as u32)
+                .u32(n as u32)
+                .u32(n_head as u32)
+                .u32(n_kv as u32)
+                .u32(hd as u32)
+                .u32(ctx as u32);
+            let cfg = LaunchCfg::linear((mq + 2 * mkv) / 8 * n * 128, 128);
+            launch(d, KernelId::MulMatQkvRope, &cfg, &qkr_tail(args, hd));
+            o.download(d)
+        };
+    let names = ["q", "k", "v", "rotated q", "K cache", "V cache"];
+    // Windows of every size the variant takes, and the step.
+    for n in [1usize, 2, 3, 5, 8] {
+        let bx = upload(d, &rng.vec(n * k, 2.0));
+        let at: Vec<i32> = (0..n as i32).map(|t| 5 + 2 * t).collect();
+        let pos = upload(d, &at);
+        // The sequence: mul_mat_qkv, qk_norm_rope_store.
+        let want = QkvRopeOut::new(d, n, mq, mkv, ctx);
         let args = Args::new()
             .read(&ws[0])
             .read(&ws[1])
             .read(&ws[2])
             .read(&bx)
-            .write(&q1)
-            .write(&k1)
-            .write(&v1)
+            .write(&want.q)
+            .write(&want.k)
+            .write(&want.v)
+            .u32(ty.id())
+            .u32(ty.id())
+            .u32(ty.id())
+            .u32(mq as u32)
+            .u32(mkv as u32)
+            .u32(mkv as u32)
+            .u32(k as u32)
+            .u32(n as u32);
+        let units = (mq + 2 * mkv) / 8;
+        let cfg = LaunchCfg::linear(units * n * 128, 128);
+        launch(d, KernelId::MulMatQkv, &cfg, &args);
+        let args = Args::new()
+            .read(&want.q)
+            .read(&want.k)
+            .read(&want.v)
             .read(&qn)
             .read(&kn)
             .read(&pos)
-            .write(&qo)
-            .write(&kc1)
-            .write(&vc1)
-            .read_write(&done)
-            .u32(ty.id())
-            .u32(ty.id())
-            .u32(ty.id())
-            .u32(k as u32)
-            .u32(1)
+            .write(&want.q_out)
+            .write(&want.k_cache)
+            .write(&want.v_cache)
+            .u32(n as u32)
             .u32(n_head as u32)
             .u32(n_kv as u32)
             .u32(hd as u32)
             .u32(ctx as u32);
-        let cfg = LaunchCfg::linear(units * 128, 128);
-        launch(d, KernelId::MulMatQkvRope, &cfg, &qkr_tail(args, hd));
-        let what = format!("mul_mat_qkv_rope {ty:?} launch {launch_i}");
-        rep.exact(&format!("{what}: q"), &download(d, &q1), &want.0);
-        rep.exact(&format!("{what}: k"), &download(d, &k1), &want.1);
-        rep.exact(&format!("{what}: v"), &download(d, &v1), &want.2);
-        rep.exact(&format!("{what}: rotated q"), &download(d, &qo), &want.3);
-        rep.exact(&format!("{what}: K cache"), &download(d, &kc1), &want.4);
-        rep.exact(&format!("{what}: V cache"), &download(d, &vc1), &want.5);
-        rep.exact(
-            &format!("{what}: counters"),
-            &download(d, &done),
-            &vec![0u32; heads],
-        );
+        let cfg = LaunchCfg::linear(n * heads * 32, 256);
+        launch(d, KernelId::QkNormRopeStore, &cfg, &qkr_tail(args, hd));
+        let want = want.download(d);
+        let done = upload(d, &vec![0u32; n * heads]);
+        // Twice: the counters must come back to 0 for the next launch.
+        for launch_i in 0..2 {
+            let got = fused(&bx, &pos, n, &done);
+            let what = format!("mul_mat_qkv_rope {ty:?} n={n} launch {launch_i}");
+            for ((name, g), w) in names.iter().zip(&got).zip(&want) {
+                rep.exact(&format!("{what}: {name}"), g, w);
+            }
+            rep.exact(
+                &format!("{what}: counters"),
+                &download(d, &done),
+                &vec![0u32; n * heads],
+            );
+        }
+        if n == 1 {
+            continue;
+        }
+        // Each token of the window alone, as a decode step: the same rotated query and the
+        // same cache row (what greedy speculative decoding relies on).
+        let xs = download(d, &bx);
+        let window = fused(&bx, &pos, n, &done);
+        for t in 0..n {
+            let x1 = upload(d, &xs[t * k..(t + 1) * k]);
+            let step = fused(&x1, &upload(d, &at[t..t + 1]), 1, &done);
+            let what = format!("mul_mat_qkv_rope {ty:?} n={n} token {t} alone");
+            rep.exact(
+                &format!("{what}: rotated q"),
+                &step[3],
+                &window[3][t * mq..(t + 1) * mq],
+            );
+            let row = at[t] as usize * mkv..(at[t] as usize + 1) * mkv;
+            for c in [4, 5] {
+                rep.exact(
+                    &format!("{what}: {}", names[c]),
+                    &step[c][row.clone()],
+                    &window[c][row.clone()],
+                );
+            }
+        }
     }
     rep.finish();
 }
