@@ -493,62 +493,6 @@ extern "C" __global__ void __launch_bounds__(256)
     if (qkv_q8_ok(type_q, type_k, type_v, k, n)) mvq_quantise_rows(x, act, type_q, k, n);
 }
 
-// A window's Q, K and V as mul_mat_qkv_q8_rows computes them: matrix j's weights w(j)
-// (type(j), m(j) rows of k values), its n rows' outputs at y(j) + t · m(j). Selected by
-// j, not indexed: an array indexed at run time would live in local memory.
-struct QkvQ8Rows {
-    const uint8_t *wq, *wk, *wv;
-    float *yq, *yk, *yv;
-    uint32_t type_q, type_k, type_v, m_q, m_k, m_v;
-    uint32_t k, n;
-    const uint8_t* act;
-    __device__ const uint8_t* w(uint32_t j) const { return j == 0 ? wq : j == 1 ? wk : wv; }
-    __device__ float* y(uint32_t j) const { return j == 0 ? yq : j == 1 ? yk : yv; }
-    __device__ uint32_t type(uint32_t j) const { return j == 0 ? type_q : j == 1 ? type_k : type_v; }
-    __device__ uint32_t m(uint32_t j) const { return j == 0 ? m_q : j == 1 ? m_k : m_v; }
-    // Units (nw rows each) of Q, then K, then V.
-    __device__ uint32_t units(uint32_t j, uint32_t nw) const { return (m(j) + nw - 1) / nw; }
-};
-
-// Whether every format stages at least one step in `bytes` of shared memory (a launch
-// runs all or nothing).
-__device__ __forceinline__ bool qkv_q8_depths_ok(const QkvQ8Rows& r, uint32_t bytes) {
-    bool ok = true;
-#pragma unroll
-    for (int j = 0; j < 3; j++) {
-        switch (r.type(j)) {
-#define QKVQ_DEPTH(id, F) \
-    case id: ok = ok && mvq_depth<F, 1>(bytes, r.k) > 0; break;
-            QUANT_FORMATS(QKVQ_DEPTH)
-#undef QKVQ_DEPTH
-            default: ok = false; break;
-        }
-    }
-    return ok;
-}
-
-// Unit u of the window's products (Q's units, then K's, then V's): its matrix j and row
-// group g (rows g · nw..) out, mvq_tokens_unit over this warp's ring in the `bytes` of
-// dynamic shared memory. Each warp's ring is at a fixed place, whatever the unit's format:
-// the warps of a block run apart, one may be on Q's rows while another is on K's
-// (mvq_depth fits each format's steps in a warp's share).
-__device__ __forceinline__ void qkv_q8_unit(uint8_t* smem, uint32_t bytes, const QkvQ8Rows& r,
-                                            uint32_t nw, uint32_t u, uint32_t& j, uint32_t& g,
-                                            bool& waited) {
-    uint4* ring = (uint4*)smem + (uint64_t)(threadIdx.x >> 5) * (bytes / 16 / nw);
-    const uint32_t uq = r.units(0, nw), uk = r.units(1, nw);
-    j = u < uq ? 0 : u < uq + uk ? 1 : 2;
-    g = j == 0 ? u : j == 1 ? u - uq : u - uq - uk;
-    const MvqDenseTokens p = {r.w(j), r.y(j), r.act, r.m(j), r.k, nw, r.n};
-    switch (r.type(j)) {
-#define QKVQ_CASE(id, F)                                                 \
-    case id: mvq_tokens_unit<F>(ring, mvq_depth<F, 1>(bytes, r.k), p, g, waited); break;
-        QUANT_FORMATS(QKVQ_CASE)
-#undef QKVQ_CASE
-        default: break;
-    }
-}
-
 // Up to 80 registers, as mul_mat_vec_q8_rows (8 rows' sums).
 extern "C" __global__ void __launch_bounds__(256, 3)
     mul_mat_qkv_q8_rows(const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x,
@@ -559,97 +503,48 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     MMA_SMEM(smem);
     const uint32_t bytes = mma_smem_size();
     const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    const QkvQ8Rows r = {wq, wk, wv, yq, yk, yv, type_q, type_k, type_v, m_q, m_k, m_v, k, n, act};
-    bool waited = false;
-    if (!qkv_q8_ok(type_q, type_k, type_v, k, n) || !qkv_q8_depths_ok(r, bytes)) {
+    bool waited = false, ok = qkv_q8_ok(type_q, type_k, type_v, k, n);
+    // Every format's depth must be positive (a launch runs all or nothing).
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_DEPTH(id, F) \
+    case id: ok = ok && mvq_depth<F, 1>(bytes, k) > 0; break;
+            QUANT_FORMATS(QKVQ_DEPTH)
+#undef QKVQ_DEPTH
+            default: ok = false; break;
+        }
+    }
+    if (!ok) {
         pdl_wait();
         fill_nan(yq, (uint64_t)n * m_q);
         fill_nan(yk, (uint64_t)n * m_k);
         return fill_nan(yv, (uint64_t)n * m_v);
     }
     (void)x;
-    const uint32_t units = r.units(0, nw) + r.units(1, nw) + r.units(2, nw);
-    for (uint32_t u = blockIdx.x; u < units; u += gridDim.x) {
-        uint32_t j, g;
-        qkv_q8_unit(smem, bytes, r, nw, u, j, g, waited);
-    }
-    if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)
-}
-
-// mul_mat_qkv_rope's arguments: whether a window of them is one mul_mat_qkv_rope_q8_rows
-// takes (qkv_q8_ok, heads qk_norm_rope_store takes).
-__device__ __forceinline__ bool qkv_rope_q8_ok(uint32_t type_q, uint32_t type_k, uint32_t type_v,
-                                               uint32_t k, uint32_t n, uint32_t head_dim,
-                                               const RopeParams& p) {
-    return qkv_q8_ok(type_q, type_k, type_v, k, n) && blockDim.x <= 32 * QKR_WARPS &&
-           head_dim > 0 && head_dim <= QKR_MAX_HEAD_DIM && rope_params_ok(p, head_dim);
-}
-
-// mul_mat_qkv_rope's rows quantised for mul_mat_qkv_rope_q8_rows (quantise_act_q8_qkv's).
-extern "C" __global__ void __launch_bounds__(256) quantise_act_q8_qkv_rope(
-    const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x, float* yq, float* yk,
-    float* yv, const float* q_norm, const float* k_norm, const int32_t* pos, float* q_out,
-    uint16_t* k_cache, uint16_t* v_cache, uint32_t* done, uint32_t type_q, uint32_t type_k,
-    uint32_t type_v, uint32_t k, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head,
-    uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot, uint32_t mode,
-    float freq_base, float freq_scale, float ext_factor, float attn_factor, float beta_fast,
-    float beta_slow, uint32_t n_ctx_orig, uint8_t* act) {
-    pdl_begin_release_next();
-    if (qkv_q8_ok(type_q, type_k, type_v, k, n_tokens))
-        mvq_quantise_rows(x, act, type_q, k, n_tokens);
-}
-
-// mul_mat_qkv_rope for a verify window of 2..=MVQ_TOKENS tokens (the CUDA backend's
-// variant, variants.rs): mul_mat_qkv_q8_rows' units over the rows quantised once by
-// quantise_act_q8_qkv_rope (each weight row read once for every token), then each head
-// finished as mul_mat_qkv_rope finishes one: by the block of the last unit that writes one
-// of its rows, qkr_head for every token, a warp a token. A unit covers every token, so a
-// head has one ticket: done[h] (n_head + 2 · n_kv_head u32, 0 before the launch and after).
-// Every output is bit for bit mul_mat_qkv_q8_rows' and then qk_norm_rope_store's, so each
-// token's rotated query and cache rows are a one-token step's. Otherwise NaN.
-extern "C" __global__ void __launch_bounds__(256, 3) mul_mat_qkv_rope_q8_rows(
-    const uint8_t* wq, const uint8_t* wk, const uint8_t* wv, const float* x, float* yq, float* yk,
-    float* yv, const float* q_norm, const float* k_norm, const int32_t* pos, float* q_out,
-    uint16_t* k_cache, uint16_t* v_cache, uint32_t* done, uint32_t type_q, uint32_t type_k,
-    uint32_t type_v, uint32_t k, uint32_t n_tokens, uint32_t n_head, uint32_t n_kv_head,
-    uint32_t head_dim, uint32_t n_ctx, uint32_t norm, float eps, uint32_t n_rot, uint32_t mode,
-    float freq_base, float freq_scale, float ext_factor, float attn_factor, float beta_fast,
-    float beta_slow, uint32_t n_ctx_orig, uint8_t* act) {
-    pdl_begin_deferred();  // waits in mvq_tokens_unit, once its weights are requested
-    MMA_SMEM(smem);
-    __shared__ float head[QKR_WARPS][QKR_MAX_HEAD_DIM];
-    const uint32_t bytes = mma_smem_size();
-    const uint32_t nw = (uint32_t)min((int)(blockDim.x >> 5), MVQ_WARPS);
-    const uint32_t m_q = n_head * head_dim, m_kv = n_kv_head * head_dim;
-    const RopeParams p = {n_rot,       mode,      freq_base, freq_scale, ext_factor,
-                          attn_factor, beta_fast, beta_slow, n_ctx_orig};
-    const QkvQ8Rows r = {wq, wk, wv,  yq,   yk,   yv,       type_q, type_k,
-                         type_v, m_q, m_kv, m_kv, k, n_tokens, act};
-    bool waited = false;
-    if (!qkv_rope_q8_ok(type_q, type_k, type_v, k, n_tokens, head_dim, p) ||
-        !qkv_q8_depths_ok(r, bytes)) {
-        pdl_wait();
-        fill_nan(yq, (uint64_t)n_tokens * m_q);
-        fill_nan(yk, (uint64_t)n_tokens * m_kv);
-        fill_nan(yv, (uint64_t)n_tokens * m_kv);
-        return fill_nan(q_out, (uint64_t)n_tokens * m_q);
-    }
-    (void)x;
-    const QkrArgs a = {yq,       yk,       yv,        q_norm,   k_norm, pos, q_out, k_cache,
-                       v_cache,  n_head,   n_kv_head, head_dim, n_ctx,  norm, eps, p,
-                       rope_consts(p)};
-    const uint32_t warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const uint32_t units = r.units(0, nw) + r.units(1, nw) + r.units(2, nw);
-    for (uint32_t u = blockIdx.x; u < units; u += gridDim.x) {
-        uint32_t j, g;
-        qkv_q8_unit(smem, bytes, r, nw, u, j, g, waited);
-        const uint32_t base = j == 0 ? 0 : j == 1 ? n_head : n_head + n_kv_head;
-        const uint32_t r0 = g * nw;
-        const uint32_t bits = heads_finished(done + base, r0, nw, r.m(j), head_dim);
-        for (uint32_t rest = bits; rest != 0; rest &= rest - 1) {
-            const uint32_t h = base + r0 / head_dim + (uint32_t)(__ffs(rest) - 1);
-            for (uint32_t t = warp; t < n_tokens; t += warps)
-                qkr_head(load_cg, a, t, h, head[warp]);
+    // Each warp's ring at a fixed place, whatever the unit's format: the warps of a block
+    // run apart, one may be on Q's rows while another is on K's (mvq_depth fits each
+    // format's steps in a warp's share).
+    uint4* ring = (uint4*)smem + (uint64_t)(threadIdx.x >> 5) * (bytes / 16 / nw);
+    const uint32_t uq = (m_q + nw - 1) / nw, uk = (m_k + nw - 1) / nw, uv = (m_v + nw - 1) / nw;
+    for (uint32_t u = blockIdx.x; u < uq + uk + uv; u += gridDim.x) {
+        const int j = u < uq ? 0 : u < uq + uk ? 1 : 2;
+        const uint32_t g = j == 0 ? u : j == 1 ? u - uq : u - uq - uk;
+        const MvqDenseTokens p = {j == 0 ? wq : j == 1 ? wk : wv,
+                                  j == 0 ? yq : j == 1 ? yk : yv,
+                                  act,
+                                  j == 0 ? m_q : j == 1 ? m_k : m_v,
+                                  k,
+                                  nw,
+                                  n};
+        switch (j == 0 ? type_q : j == 1 ? type_k : type_v) {
+#define QKVQ_CASE(id, F)                                                         \
+    case id:                                                                     \
+        mvq_tokens_unit<F>(ring, mvq_depth<F, 1>(bytes, k), p, g, waited);         \
+        break;
+            QUANT_FORMATS(QKVQ_CASE)
+#undef QKVQ_CASE
+            default: break;
         }
     }
     if (!waited) pdl_wait();  // a block without rows still waits (the chain of waits)

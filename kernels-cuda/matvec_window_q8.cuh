@@ -201,41 +201,6 @@ __device__ __forceinline__ bool mvwq_launch_ok(uint32_t type, uint32_t k, uint64
            pairs <= MVW_PAIRS && k < 0x80000000u;
 }
 
-#ifndef MVWQ_PREFETCH_UNITS
-#define MVWQ_PREFETCH_UNITS 1
-#endif
-
-// This warp's rows of every unit of the block into L2, before the first unit is computed. Why: the grid is
-// one wave (variants/window.rs), so a block takes 3-4 units in turn, and without this a
-// later unit's weights were first requested when its turn came, each unit then waiting
-// on DRAM; now the launch's weights are all in flight from its start. Weights are never
-// written by a kernel, and the keys (the router's ids) are read after the PDL wait.
-template <bool GU, class MatsOf>
-__device__ __forceinline__ void mvwq_prefetch_units(const MvwqShared& sh, const MvwqLaunch& l,
-                                                    uint32_t type, uint32_t units,
-                                                    uint32_t groups,
-                                                    uint32_t rows, MatsOf mats_of) {
-    const uint32_t warp = threadIdx.x >> 5;
-    const uint32_t nwarps = (uint32_t)min((int)(blockDim.x >> 5), MM_WARPS);
-    if (warp >= nwarps) return;
-    const uint64_t row_bytes = mm_row_bytes(type, l.k);
-#pragma unroll 1
-    for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {
-        const uint32_t rank = un / groups, r0 = (un - rank * groups) * rows;
-        const int key = sh.keys[nth_bit(sh.firsts, (int)rank)];
-        if (key < 0) continue;
-        const MvwqMats mats = mats_of(key);
-        if (mats.w == nullptr) continue;
-#pragma unroll
-        for (int rr = 0; rr < MV_ROWS; rr++) {
-            const uint32_t row = GU ? r0 + warp : r0 + (uint32_t)rr * nwarps + warp;
-            if (row >= l.m) continue;
-            prefetch_l2((GU && rr == 1 ? mats.wu : mats.w) + row * row_bytes,
-                        (uint32_t)row_bytes);
-        }
-    }
-}
-
 // A window's expert products over the block's share of the grid (experts.cu's
 // mul_mat_experts_cached_multi_q8 over the cache's slots, model.cu's mul_mat_experts_multi_q8
 // over resident experts; with GU, fused.cu's gate and up forms): a unit per (expert the
@@ -254,9 +219,6 @@ __device__ __forceinline__ void mvwq_expert_units(MvwqShared& sh, const MvwqLaun
     if (blockIdx.x >= pairs * groups) return;
     // 32-bit unit arithmetic (64 keys x groups), fewer registers held across the units.
     const uint32_t units = (uint32_t)window_keys(sh, ids, pairs, n_expert) * groups;
-    // Not the gate-up forms: in experts_gate_up_cached_multi_q8 it made ptxas spill 1.3 KB
-    // of the units' registers.
-    if (MVWQ_PREFETCH_UNITS && !GU) mvwq_prefetch_units<GU>(sh, l, type, units, groups, rows, mats_of);
     // Grid-stride: the backend's grid (variants.rs window_q8_blocks) is one wave at most,
     // so a block computes the window's keys once for several units.
     for (uint32_t un = blockIdx.x; un < units; un += gridDim.x) {

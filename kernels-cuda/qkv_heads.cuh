@@ -1,7 +1,7 @@
 // The per-head end of a layer's Q, K and V (fused.cu): each head row's rms norm, rope and
-// the K/V cache append (qk_norm_rope_store, one warp a head), and the tickets by which
-// the products that end in it (mul_mat_qkv_rope for a step, mul_mat_qkv_rope_q8_rows for
-// a verify window) find the block that finishes a head: the last to write one of its rows.
+// the K/V cache append (qk_norm_rope_store, one warp a head), and the tickets by which a
+// product that ends in it (mul_mat_qkv_rope) finds the block that finishes a head: the
+// last to write one of its rows.
 #pragma once
 
 #include "common.cuh"

@@ -20,7 +20,8 @@
 # mul_mat_experts_cached_multi_q8), tg-sweep (TG_SWEEP: decode per kernel-cache variant),
 # smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K), ncu-win (a
 # window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out),
-# window-res / kt-win-res (the window and its per-kernel profile with every expert on the device). LLAMA=0: depth
+# window-res / kt-win-res (the window and its per-kernel profile with every expert on the device),
+# window-res-grid (window-grid's variants with every expert on the device). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -91,6 +92,12 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
     window-skip) # the same with WSKIP (comma-separated variants) left out besides the defaults
               run window-skip 120 env STRATA_CUDA_SKIP="$DEF,${WSKIP:-}" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-res-grid) # window-grid with every expert on the device (no cache)
+              i=0; for v in ${WIN_KC:-default}; do
+                i=$((i + 1)); defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
+                run "window-res-$i-$v" 90 env STRATA_CACHE_DIR="/tmp/kc/$v" STRATA_NVRTC_DEFINES="$defs" \
+                  STRATA="$S" BACKEND=cuda KS=4 REPS=2 EXTRA="--cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+              done ;;
     window-grid) # the window with each kernel-cache variant of WIN_KC (names in /tmp/kc), REPS=2 each
               # (a name may come back: alternating rounds, each run's log its own, window-N-NAME)
               i=0; for v in ${WIN_KC:-default}; do

@@ -8,7 +8,7 @@
 //
 //   g++ -std=c++20 -O2 -ffp-contract=off -Wno-attributes -Ikernels-cuda \
 //       tools/cuda_emulate/main.cpp -o /tmp/cuda_emulate -lpthread
-//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_short|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|qkv_rope_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|experts_multi_q8|gate_up_multi_q8|gate_up_cached|argmax [FORMAT,FORMAT...]]
+//   /tmp/cuda_emulate [small|rope|router|embed|attention|attention_prefill|attention_prefill_q8|attention_q8|attention_short|attention_long|attention_flash|experts|mm|vec|fused|products|qkv_rope|qkv_q8_rows|mma|mmq|vec_q8|vec_q8_rows|cached|cached_multi|cached_q8|experts_multi_q8|gate_up_multi_q8|gate_up_cached|argmax [FORMAT,FORMAT...]]
 #include "emu.h"
 // mmq.cuh lists few slots at once here, so test_mmq reaches its list flushes.
 #define MMQ_LIST 128
@@ -798,7 +798,6 @@ static void test_qkv_rope() {
 #include "test_vec_q8.h"
 #include "test_vec_q8_rows.h"
 #include "test_qkv_q8_rows.h"
-#include "test_qkv_rope_q8_rows.h"
 #include "test_cached.h"
 #include "test_cached_q8.h"
 #include "test_experts_multi_q8.h"
@@ -834,7 +833,6 @@ int main(int argc, char** argv) {
     if (only == "fused" || only == "products") test_fused_norms();
     if (only == "fused" || only == "products" || only == "qkv_rope") test_qkv_rope();
     if (only == "fused" || only == "qkv_q8_rows") test_qkv_q8_rows();
-    if (only == "fused" || only == "qkv_rope_q8_rows") test_qkv_rope_q8_rows();
     if (only == "mma") test_mma();
     if (only == "mmq") test_mmq();
     if (only == "cached") test_cached_grouped();

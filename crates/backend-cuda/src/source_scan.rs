@@ -78,7 +78,7 @@ mod tests {
         );
         // mul_mat_vec_q8 and mul_mat_vec_q8_rows (which wait themselves, once their
         // weights are requested), the window expert products over quantised rows,
-        // mul_mat_qkv_q8_rows, mul_mat_qkv_rope_q8_rows, and the kernels launched before them.
+        // mul_mat_qkv_q8_rows, and the kernels launched before them.
         for name in [
             "mul_mat_vec_q8",
             "mul_mat_vec_q8_rows",
@@ -93,8 +93,6 @@ mod tests {
             "quantise_act_q8_gate_up_window",
             "mul_mat_qkv_q8_rows",
             "quantise_act_q8_qkv",
-            "mul_mat_qkv_rope_q8_rows",
-            "quantise_act_q8_qkv_rope",
         ] {
             assert!(
                 defs.iter().any(|d| d.name == name && d.waits_for_previous),

@@ -12,7 +12,6 @@ use crate::attention_long::{ATT_LONG_SCRATCH_END, attention_long_applies, attent
 use window::{
     cached_expert_units, cached_multi_applies, cached_multi_q8_rows, cached_window_q8_blocks,
     experts_multi_q8_rows, experts_window_q8_blocks, gate_up_window_blocks, gate_up_window_rows,
-    qkv_rope_rows_grid, qkv_rope_rows_smem, qkv_rows_grid, qkv_rows_smem,
 };
 
 /// A variant's own grid: the blocks it has work for, from the launch's arguments and block
@@ -154,6 +153,35 @@ fn mvq_rows_smem(ty: u32, k: u32, tokens: u32) -> Option<u32> {
         return None;
     }
     mvq_smem(ty, k, 1, 1)
+}
+
+/// Dynamic shared memory mul_mat_qkv_q8_rows takes for a window's Q, K and V:
+/// mvq_rows_smem of each matrix (the largest: the kernel stages each unit's rows at the
+/// depth its format fits), when all three quantised formats share an activation format
+/// (the rows are quantised once for all three).
+/// mul_mat_qkv(wq, wk, wv, x, q, k, v | type_q, type_k, type_v, m_q, m_k, m_v, k, n)
+fn qkv_rows_smem(a: &[KernelArg]) -> Option<u32> {
+    let (k, n) = (u32_arg(a, 13)?, u32_arg(a, 14)?);
+    let types = [u32_arg(a, 7)?, u32_arg(a, 8)?, u32_arg(a, 9)?];
+    let act = |ty: u32| Some(strata_quant::scalar_kernels(tensor_core_format(ty)?)?.act);
+    let first = act(types[0])?;
+    let mut smem = 0;
+    for ty in types {
+        if act(ty)? != first {
+            return None;
+        }
+        smem = smem.max(mvq_rows_smem(ty, k, n)?);
+    }
+    Some(smem)
+}
+
+/// Blocks of mul_mat_qkv_q8_rows: mvq_grid's units of Q, then K, then V.
+fn qkv_rows_grid(a: &[KernelArg], block_threads: u32) -> Option<u32> {
+    let mut blocks = 0u32;
+    for i in 10..13 {
+        blocks = blocks.checked_add(mvq_grid(u32_arg(a, i)?, 1, block_threads)?)?;
+    }
+    Some(blocks)
 }
 
 /// The u32 scalar at argument `i`, if that is one.
@@ -443,24 +471,6 @@ pub(crate) const VARIANTS: &[Variant] = &[
         pre: Some(PreLaunch {
             func: "quantise_act_q8_qkv",
             grid: |a| u32_arg(a, 14)?.checked_mul(mvq_quantise_grid(u32_arg(a, 13)?)),
-            block: 256,
-        }),
-        scratch: false,
-    },
-    // mul_mat_qkv_rope(wq, .., done | type_q, .., k, n, ...) for a verify window of 2..=8
-    // tokens: mul_mat_qkv_q8_rows' units, then each head's norm, rope and cache append in
-    // the same launch as the one-token kernel finishes them (fused.cu), bit for bit
-    // mul_mat_qkv_q8_rows and qk_norm_rope_store. One-token launches keep the kernel.
-    Variant {
-        of: KernelId::MulMatQkvRope,
-        func: "mul_mat_qkv_rope_q8_rows",
-        applies: |a, _| qkv_rope_rows_smem(a),
-        large_smem: false,
-        grid: Some(qkv_rope_rows_grid),
-        grid_exact: true,
-        pre: Some(PreLaunch {
-            func: "quantise_act_q8_qkv_rope",
-            grid: |a| u32_arg(a, 18)?.checked_mul(mvq_quantise_grid(u32_arg(a, 17)?)),
             block: 256,
         }),
         scratch: false,

@@ -10,7 +10,6 @@ use crate::kv::KvFormat;
 use crate::model::{Attention, Ffn, Model};
 use crate::moe::{MoeIo, RoutedExperts};
 use crate::ops::{Ops, QkvShape};
-use crate::ops_decode::QKV_WINDOW_MAX_TOKENS;
 use crate::weights::Vector;
 
 /// Activations for up to `n_max` tokens at once.
@@ -41,7 +40,7 @@ pub struct Scratch {
     /// (0 between launches; one launch at a time on the forward pass's stream).
     router_done: DeviceBuffer<u32>,
     norm_done: DeviceBuffer<u32>,
-    /// mul_mat_qkv_rope's counters, one per (token, head) of a verify window's tokens.
+    /// mul_mat_qkv_rope's counters, one per (token, head) of a one-token step.
     head_done: DeviceBuffer<u32>,
     /// Logits of up to `logit_rows` rows (1 unless every row's logits are wanted: a
     /// vocabulary-wide row per batch token would dwarf a small model).
@@ -98,10 +97,7 @@ impl Scratch {
             gate_logit: f(n)?,
             router_done: dev.alloc_from(&[0u32], dev.main_stream())?,
             norm_done: dev.alloc_from(&[0u32], dev.main_stream())?,
-            head_done: dev.alloc_from(
-                &vec![0u32; heads * QKV_WINDOW_MAX_TOKENS as usize],
-                dev.main_stream(),
-            )?,
+            head_done: dev.alloc_from(&vec![0u32; heads], dev.main_stream())?,
             logits: f(logit_rows as usize * h.n_vocab as usize)?,
             logit_rows,
             argmax: dev.alloc::<u32>(logit_rows as usize)?,
@@ -384,16 +380,19 @@ impl Model {
             n_ctx: kv.n_ctx,
         };
         let caches = kv.layer(il)?;
-        // A decode step or a verify window: the three projections in one launch where the
-        // device has it (the same rows bit for bit), with the per-head work in the same
-        // launch where nothing comes between them (no biases).
+        // Decode: the three projections of one activation in one launch where the device
+        // has it (the same rows bit for bit), with the per-head work in the same launch
+        // where nothing comes between them (no biases).
+        let same_k = a.wq.k == a.wk.k && a.wq.k == a.wv.k;
         let no_bias = a.bq.is_none() && a.bk.is_none() && a.bv.is_none();
         let qkv_shape = a.wq.m == h.q_dim() && a.wk.m == h.kv_dim() && a.wv.m == h.kv_dim();
         if let Some(norm) = norms
             && rope_fused
+            && n == 1
+            && same_k
             && no_bias
             && qkv_shape
-            && ops.qkv_rope_in_one_launch((&a.wq, &a.wk, &a.wv), n)
+            && ops.has_mul_mat_qkv_rope()
         {
             let (w, y) = ((&a.wq, &a.wk, &a.wv), (&s.q, &s.k, &s.v));
             let (pos, done) = (&s.pos, &s.head_done);

@@ -23,22 +23,6 @@ fn norm_product_cfg(m: u32, units_per_row_group: usize, threads: u32) -> LaunchC
 /// mul_mat_qkv_q8_rows: kernels-cuda/matvec_q8.cuh MVQ_TOKENS).
 pub const QKV_WINDOW_MAX_TOKENS: u32 = 8;
 
-/// A decode step's Q, K and V (one row, one k), or a verify window's of up to
-/// [`QKV_WINDOW_MAX_TOKENS`] rows whose three formats quantise the activation alike.
-fn qkv_step_or_window(w: (&Matrix, &Matrix, &Matrix), n: u32) -> bool {
-    let (wq, wk, wv) = w;
-    let same_k = wq.k == wk.k && wq.k == wv.k;
-    let act = |ty: QuantType| strata_quant::kernels(ty).map(|k| k.act);
-    let window = (2..=QKV_WINDOW_MAX_TOKENS).contains(&n)
-        && matches!(
-            act(wq.ty),
-            Some(ActFormat::Q8_0 | ActFormat::Q8_1 | ActFormat::Q8_K)
-        )
-        && act(wk.ty) == act(wq.ty)
-        && act(wv.ty) == act(wq.ty);
-    same_k && (n == 1 || window)
-}
-
 /// Weight rows of one matvec unit in a 128-thread block (kernels-cuda/matvec.cuh: 4 warps
 /// of MV_ROWS = 2 rows).
 const MV_UNIT_ROWS: usize = 8;
@@ -63,15 +47,17 @@ impl Ops<'_> {
     /// them; other formats would run the kernel's per-token units). Every row is bit for
     /// bit what three [`Ops::mul_mat`] give.
     pub fn qkv_in_one_launch(&self, w: (&Matrix, &Matrix, &Matrix), n: u32) -> bool {
-        qkv_step_or_window(w, n) && self.has_mul_mat_qkv()
-    }
-
-    /// Whether Q, K and V of `n` rows and their per-head norms, rope and K/V append take
-    /// one [`Ops::mul_mat_qkv_rope`] launch: where the device has it, for the launches
-    /// [`Ops::qkv_in_one_launch`] takes (the CUDA backend's window form finishes each head
-    /// of the window's rows in the launch that reads each weight row once for them all).
-    pub fn qkv_rope_in_one_launch(&self, w: (&Matrix, &Matrix, &Matrix), n: u32) -> bool {
-        qkv_step_or_window(w, n) && self.has_mul_mat_qkv_rope()
+        let (wq, wk, wv) = w;
+        let same_k = wq.k == wk.k && wq.k == wv.k;
+        let act = |ty: QuantType| strata_quant::kernels(ty).map(|k| k.act);
+        let window = (2..=QKV_WINDOW_MAX_TOKENS).contains(&n)
+            && matches!(
+                act(wq.ty),
+                Some(ActFormat::Q8_0 | ActFormat::Q8_1 | ActFormat::Q8_K)
+            )
+            && act(wk.ty) == act(wq.ty)
+            && act(wv.ty) == act(wq.ty);
+        same_k && (n == 1 || window) && self.has_mul_mat_qkv()
     }
 
     /// Whether a launch of `n` tokens of `n_used` routed experts each takes the fused gate
@@ -309,8 +295,7 @@ impl Ops<'_> {
 
     /// [`Ops::mul_mat_qkv`] (q, k, v: `y`), then [`Ops::qk_norm_rope_store`] of them into
     /// `q_out` and the caches, in one launch. `done` holds one u32 counter per (token,
-    /// head), all 0 (the kernel leaves them at 0; the CUDA backend's window form uses the
-    /// first token's).
+    /// head), all 0 (the kernel leaves them at 0).
     #[allow(clippy::too_many_arguments)]
     pub fn mul_mat_qkv_rope(
         &self,

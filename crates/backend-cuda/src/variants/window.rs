@@ -4,11 +4,7 @@
 
 use strata_core::KernelArg;
 
-use super::{mvq_grid, mvq_rows_fit, mvq_rows_smem, tensor_core_format, u32_arg};
-
-/// Longest head mul_mat_qkv_rope_q8_rows finishes (kernels-cuda/qkv_heads.cuh
-/// QKR_MAX_HEAD_DIM).
-const QKR_MAX_HEAD_DIM: u32 = 256;
+use super::{mvq_rows_fit, tensor_core_format, u32_arg};
 
 /// Verify windows: launches of this many tokens at most take mul_mat_experts_cached_multi
 /// (one for one token is the per-pair kernel's units, which the kernel keeps).
@@ -141,59 +137,4 @@ pub(super) const CACHED_WINDOW_MAX_BLOCKS: u32 = 396;
 /// 58.3 us a launch at 396 blocks of 4 warps, about its two separate products' 2 x 28.7.)
 pub(super) fn window_max_blocks(block_threads: u32) -> u32 {
     CACHED_WINDOW_MAX_BLOCKS * 8 / (block_threads / 32).clamp(1, 8)
-}
-
-/// Dynamic shared memory mul_mat_qkv_q8_rows takes for a window's Q, K and V:
-/// mvq_rows_smem of each matrix (the largest: the kernel stages each unit's rows at the
-/// depth its format fits), when all three quantised formats share an activation format
-/// (the rows are quantised once for all three).
-/// mul_mat_qkv(wq, wk, wv, x, q, k, v | type_q, type_k, type_v, m_q, m_k, m_v, k, n)
-pub(super) fn qkv_rows_smem(a: &[KernelArg]) -> Option<u32> {
-    let types = [u32_arg(a, 7)?, u32_arg(a, 8)?, u32_arg(a, 9)?];
-    qkv_formats_rows_smem(types, u32_arg(a, 13)?, u32_arg(a, 14)?)
-}
-
-/// The same for mul_mat_qkv_rope_q8_rows, from mul_mat_qkv_rope's arguments, for heads
-/// qk_norm_rope_store takes (head_dim up to 256).
-/// mul_mat_qkv_rope(wq, .., done | type_q, type_k, type_v, k, n, n_head, n_kv_head, head_dim, ..)
-pub(super) fn qkv_rope_rows_smem(a: &[KernelArg]) -> Option<u32> {
-    let types = [u32_arg(a, 14)?, u32_arg(a, 15)?, u32_arg(a, 16)?];
-    let head_dim = u32_arg(a, 21)?;
-    if !(1..=QKR_MAX_HEAD_DIM).contains(&head_dim) {
-        return None;
-    }
-    qkv_formats_rows_smem(types, u32_arg(a, 17)?, u32_arg(a, 18)?)
-}
-
-/// mvq_rows_smem of the largest of three formats that share an activation format.
-fn qkv_formats_rows_smem(types: [u32; 3], k: u32, n: u32) -> Option<u32> {
-    let act = |ty: u32| Some(strata_quant::scalar_kernels(tensor_core_format(ty)?)?.act);
-    let first = act(types[0])?;
-    let mut smem = 0;
-    for ty in types {
-        if act(ty)? != first {
-            return None;
-        }
-        smem = smem.max(mvq_rows_smem(ty, k, n)?);
-    }
-    Some(smem)
-}
-
-/// Blocks of mul_mat_qkv_q8_rows: mvq_grid's units of Q, then K, then V.
-pub(super) fn qkv_rows_grid(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let mut blocks = 0u32;
-    for i in 10..13 {
-        blocks = blocks.checked_add(mvq_grid(u32_arg(a, i)?, 1, block_threads)?)?;
-    }
-    Some(blocks)
-}
-
-/// Blocks of mul_mat_qkv_rope_q8_rows: as mul_mat_qkv_q8_rows', Q of n_head · head_dim
-/// rows, K and V of n_kv_head · head_dim.
-pub(super) fn qkv_rope_rows_grid(a: &[KernelArg], block_threads: u32) -> Option<u32> {
-    let head_dim = u32_arg(a, 21)?;
-    let q = u32_arg(a, 19)?.checked_mul(head_dim)?;
-    let kv = u32_arg(a, 20)?.checked_mul(head_dim)?;
-    let kv_blocks = mvq_grid(kv, 1, block_threads)?;
-    mvq_grid(q, 1, block_threads)?.checked_add(kv_blocks.checked_mul(2)?)
 }

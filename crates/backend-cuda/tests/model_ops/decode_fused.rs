@@ -2,7 +2,7 @@
 //! mul_mat_qkv_rope, router_matvec_topk, mul_mat_add_rms_norm, experts_down_norm) against
 //! the launches they replace, on the GPU, bit for bit: the same rows (matvec.cuh's units),
 //! the same top-k (router.cuh), the same norms (rownorm.cuh with the same block size), the
-//! same per-head norm and rope (fused.cu's qkr_head). Those launches are
+//! same per-head norm and rope (qkv_heads.cuh's qkr_head). Those launches are
 //! checked against the CPU backend by the other model_ops tests.
 
 use strata_core::{Args, Device, DeviceBuffer, KernelId, LaunchCfg};
@@ -420,7 +420,7 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
     let d = &p.gpu;
     let mut rep = Report::default();
     let mut rng = Rng::new(64);
-    let (n_head, n_kv, hd, k, ctx) = (32usize, 4usize, 128usize, 2048usize, 16usize);
+    let (n_head, n_kv, hd, k, ctx) = (32usize, 4usize, 128usize, 2048usize, 32usize);
     let (mq, mkv, heads) = (n_head * hd, n_kv * hd, n_head + 2 * n_kv);
     let ty = QuantType::Q4_K;
     let ws: Vec<_> = [mq, mkv, mkv]
@@ -428,8 +428,8 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
         .map(|&m| upload(d, &random_weights(ty, m, k, &mut rng)))
         .collect();
     let (qn, kn) = (upload(d, &rng.vec(hd, 1.5)), upload(d, &rng.vec(hd, 1.5)));
-    // The fused launch of `n` rows of x at positions pos (a decode step for 1; the CUDA
-    // backend's mul_mat_qkv_rope_q8_rows for a verify window of 2..=8).
+    // The fused launch of `n` rows of x at positions pos (a decode step for 1; the
+    // kernel's per-token units, a (token, head) ticket each, for more).
     let fused =
         |x: &DeviceBuffer<f32>, pos: &DeviceBuffer<i32>, n: usize, done: &DeviceBuffer<u32>| {
             let o = QkvRopeOut::new(d, n, mq, mkv, ctx);
@@ -462,7 +462,7 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
             o.download(d)
         };
     let names = ["q", "k", "v", "rotated q", "K cache", "V cache"];
-    // Windows of every size the variant takes, and the step.
+    // A decode step and batches of 2..=8 tokens (positions up to 19 of the 32 rows).
     for n in [1usize, 2, 3, 5, 8] {
         let bx = upload(d, &rng.vec(n * k, 2.0));
         let at: Vec<i32> = (0..n as i32).map(|t| 5 + 2 * t).collect();
@@ -523,8 +523,7 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
         if n == 1 {
             continue;
         }
-        // Each token of the window alone, as a decode step: the same rotated query and the
-        // same cache row (what greedy speculative decoding relies on).
+        // Each token alone, as a decode step: the same rotated query and the same cache row.
         let xs = download(d, &bx);
         let window = fused(&bx, &pos, n, &done);
         for t in 0..n {
