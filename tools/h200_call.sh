@@ -21,7 +21,8 @@
 # smol-diag (SmolLM2's window cost with graphs on/off), gpu (ci/bench-gpu.sh Q4_K), ncu-win (a
 # window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out),
 # window-res / kt-win-res (the window and its per-kernel profile with every expert on the device),
-# window-res-grid (window-grid's variants with every expert on the device). LLAMA=0: depth
+# window-res-grid (window-grid's variants with every expert on the device), window-env (the
+# cache's window with and without WENV, a measuring switch). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -92,6 +93,14 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
     window-skip) # the same with WSKIP (comma-separated variants) left out besides the defaults
               run window-skip 120 env STRATA_CUDA_SKIP="$DEF,${WSKIP:-}" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 \
                 REPS=3 EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" ;;
+    window-env) # the 50% cache window as is, then with WENV (VAR=VALUE: a measuring switch),
+              # alternating, ENV_ROUNDS rounds of REPS=2
+              for r in $(seq "${ENV_ROUNDS:-2}"); do
+                for e in "" "${WENV:-}"; do
+                  run "window-env-$r-${e%%=*}" 90 env $e STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
+                    EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+                done
+              done ;;
     window-res-grid) # window-grid with every expert on the device (no cache)
               i=0; for v in ${WIN_KC:-default}; do
                 i=$((i + 1)); defs=$(cat "/tmp/kc/$v/DEFINES" 2>/dev/null)
