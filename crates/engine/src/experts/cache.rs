@@ -13,7 +13,7 @@ use strata_model::ops::Ops;
 use strata_model::{ModelError, MoeIo, RoutedExperts};
 
 use super::ExpertError;
-use super::layout::{LayerExperts, Layout};
+use super::layout::Layout;
 use super::pool::CpuPool;
 use super::residency::Residency;
 use super::stats::ExpertStats;
@@ -442,16 +442,9 @@ impl ExpertCache {
                 Some(dev.download_range(io.xn, 0, n * embd, self.xfer)?)
             }
         };
-        // Which side is queued first. A decode step's device work (8 experts' rows for one
-        // token) takes less time than the pool's expert, so the pool starts as soon as it
-        // has its activations and the device's launches (tens of microseconds of host time
-        // a layer) overlap its work instead of delaying its start. A verify window's
-        // device work (its 40 pairs' experts) takes longer than the pool's few misses, so
-        // the device is queued first and does not idle while the pool is started.
-        let device_first = n > 1 && std::env::var_os("STRATA_POOL_FIRST").is_none();
-        if device_first {
-            self.queue_device_experts(ops, io, lay, il, hits, streamed)?;
-        }
+        // The pool starts as soon as it has its activations, before the device's expert
+        // kernels are queued: their launches (tens of microseconds of host time a layer)
+        // then overlap the pool's work instead of delaying its start.
         let pool = match xn {
             None => None,
             Some(xn) => {
@@ -474,8 +467,21 @@ impl ExpertCache {
             }
         };
         let (nt, nu) = (io.n_tokens, io.n_used);
-        if !device_first {
-            self.queue_device_experts(ops, io, lay, il, hits, streamed)?;
+        if hits > 0 {
+            let (sb, off) = (self.layout.slot_bytes, |i: usize| lay.mats[i].slot_offset);
+            let mats = [0, 1, 2].map(|i| (&self.slots, sb, off(i)));
+            cached_experts(ops, io, mats, self.table.device(), il * ne)?;
+        }
+        if let Some(set) = streamed {
+            // Expert e at e times its matrix's bytes of the set's buffer for that matrix.
+            let (Some(bufs), Some(table)) = (
+                self.lend.as_ref().and_then(|l| l.get(set)),
+                self.stream_table.as_ref(),
+            ) else {
+                return Err(ExpertError::PoolDevice);
+            };
+            let mats = [0, 1, 2].map(|i| (&bufs[i], lay.mats[i].bytes, 0));
+            cached_experts(ops, io, mats, table, 0)?;
         }
         let Some((t0, pending)) = pool else {
             ops.moe_combine(io.moe_y, io.expert_w, io.out, nt, nu, io.n_embd)?;
@@ -533,39 +539,6 @@ impl ExpertCache {
             io.n_embd,
         )?;
         self.stats.bytes_up += (y.len() * 4 + pairs * 4) as u64;
-        Ok(())
-    }
-}
-
-impl ExpertCache {
-    /// Layer `il`'s pairs on the device: those of resident experts (`hits` of them) from
-    /// the slots, and those of the staging set `streamed` names from it.
-    fn queue_device_experts(
-        &self,
-        ops: &Ops<'_>,
-        io: &MoeIo<'_>,
-        lay: LayerExperts,
-        il: usize,
-        hits: u64,
-        streamed: Option<usize>,
-    ) -> Result<(), ExpertError> {
-        if hits > 0 {
-            let (sb, off) = (self.layout.slot_bytes, |i: usize| lay.mats[i].slot_offset);
-            let mats = [0, 1, 2].map(|i| (&self.slots, sb, off(i)));
-            let ne = self.layout.n_expert as usize;
-            cached_experts(ops, io, mats, self.table.device(), il * ne)?;
-        }
-        if let Some(set) = streamed {
-            // Expert e at e times its matrix's bytes of the set's buffer for that matrix.
-            let (Some(bufs), Some(table)) = (
-                self.lend.as_ref().and_then(|l| l.get(set)),
-                self.stream_table.as_ref(),
-            ) else {
-                return Err(ExpertError::PoolDevice);
-            };
-            let mats = [0, 1, 2].map(|i| (&bufs[i], lay.mats[i].bytes, 0));
-            cached_experts(ops, io, mats, table, 0)?;
-        }
         Ok(())
     }
 }
