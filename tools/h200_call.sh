@@ -22,7 +22,8 @@
 # window's own kernels under Nsight Compute), window-skip (window with WSKIP's variants left out),
 # window-res / kt-win-res (the window and its per-kernel profile with every expert on the device),
 # window-res-grid (window-grid's variants with every expert on the device), window-env (the
-# cache's window with and without WENV, a measuring switch). LLAMA=0: depth
+# cache's window with and without WENV, a measuring switch), window-threads (the cache's window
+# at each CPU pool size of WTHREADS). LLAMA=0: depth
 # runs strata alone.
 # A warm machine (30 s idle) keeps /dev/shm and /tmp between calls.
 set -u
@@ -99,6 +100,14 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
                 for e in "" "${WENV:-}"; do
                   run "window-env-$r-${e%%=*}" 90 env $e STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
                     EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+                done
+              done ;;
+    window-threads) # the 50% cache window at each pool size of WTHREADS (--cpu-threads; default
+              # "16 15"), alternating, ENV_ROUNDS rounds of REPS=2
+              for r in $(seq "${ENV_ROUNDS:-2}"); do
+                for t in ${WTHREADS:-16 15}; do
+                  run "window-threads-$r-$t" 90 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
+                    EXTRA="--profile $P --cpu-threads $t" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
                 done
               done ;;
     window-res-grid) # window-grid with every expert on the device (no cache)
