@@ -398,6 +398,13 @@ impl QkvRopeOut {
         }
     }
 
+    /// The arguments both mul_mat_qkv and mul_mat_qkv_rope open with: the three weight
+    /// matrices, the activation rows, then q, k and v.
+    fn qkv_args<'a>(&'a self, ws: &'a [DeviceBuffer<u8>], x: &'a DeviceBuffer<f32>) -> Args<'a> {
+        let args = ws.iter().fold(Args::new(), |a, w| a.read(w));
+        args.read(x).write(&self.q).write(&self.k).write(&self.v)
+    }
+
     /// Everything it holds, f16 cache rows as their bits in f32s (compared exactly).
     fn download(&self, d: &Device) -> [Vec<f32>; 6] {
         let bits = |b: &DeviceBuffer<u16>| download(d, b).iter().map(|&h| h as f32).collect();
@@ -410,6 +417,11 @@ impl QkvRopeOut {
             bits(&self.v_cache),
         ]
     }
+}
+
+/// The three weight formats (Q, K, V) of a launch whose matrices share one.
+fn three_types(a: Args<'_>, ty: QuantType) -> Args<'_> {
+    a.u32(ty.id()).u32(ty.id()).u32(ty.id())
 }
 
 #[test]
@@ -433,24 +445,16 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
     let fused =
         |x: &DeviceBuffer<f32>, pos: &DeviceBuffer<i32>, n: usize, done: &DeviceBuffer<u32>| {
             let o = QkvRopeOut::new(d, n, mq, mkv, ctx);
-            let args = Args::new()
-                .read(&ws[0])
-                .read(&ws[1])
-                .read(&ws[2])
-                .read(x)
-                .write(&o.q)
-                .write(&o.k)
-                .write(&o.v)
+            let args = o
+                .qkv_args(&ws, x)
                 .read(&qn)
                 .read(&kn)
                 .read(pos)
                 .write(&o.q_out)
                 .write(&o.k_cache)
                 .write(&o.v_cache)
-                .read_write(done)
-                .u32(ty.id())
-                .u32(ty.id())
-                .u32(ty.id())
+                .read_write(done);
+            let args = three_types(args, ty)
                 .u32(k as u32)
                 .u32(n as u32)
                 .u32(n_head as u32)
@@ -469,17 +473,7 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
         let pos = upload(d, &at);
         // The sequence: mul_mat_qkv, qk_norm_rope_store.
         let want = QkvRopeOut::new(d, n, mq, mkv, ctx);
-        let args = Args::new()
-            .read(&ws[0])
-            .read(&ws[1])
-            .read(&ws[2])
-            .read(&bx)
-            .write(&want.q)
-            .write(&want.k)
-            .write(&want.v)
-            .u32(ty.id())
-            .u32(ty.id())
-            .u32(ty.id())
+        let args = three_types(want.qkv_args(&ws, &bx), ty)
             .u32(mq as u32)
             .u32(mkv as u32)
             .u32(mkv as u32)
