@@ -46,6 +46,13 @@ run() {
   stamp "$name rc=$?"
   grep -E "tokens/s|hit rate|test result|window|profile:|^attention|^mul_mat_experts|^\| (f16|int8)|^\| K|^\| [0-9]|^\| Q4_K|panicked|error" "$L/$name.txt" | head -12
 }
+# win NAME THREADS [VAR=VALUE ...]: the 50% cache window (K=4, REPS=2) with that CPU pool
+# size and environment; prints its row
+win() {
+  local name=$1 th=$2; shift 2
+  run "$name" 90 env "$@" STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
+    EXTRA="--profile $P --cpu-threads $th" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
+}
 wait_llama() { [ -n "${LP:-}" ] && wait "$LP"; [ -x "$LB/llama-bench" ] || { stamp "no llama.cpp build"; return 1; }; }
 DEF=router_matvec_topk,experts_down_norm,mul_mat_experts_q8,mul_mat_experts_cached_grouped
 NOROWS=$DEF,mul_mat_vec_q8_rows
@@ -97,18 +104,14 @@ for _ in range(16): print(' '.join(random.choice(w) for _ in range(200)))" > "$D
     window-env) # the 50% cache window as is, then with WENV (VAR=VALUE: a measuring switch),
               # alternating, ENV_ROUNDS rounds of REPS=2
               for r in $(seq "${ENV_ROUNDS:-2}"); do
-                for e in "" "${WENV:-}"; do
-                  run "window-env-$r-${e%%=*}" 90 env $e STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
-                    EXTRA="--profile $P --cpu-threads 16" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
-                done
+                win "window-env-$r-" 16
+                # shellcheck disable=SC2086
+                win "window-env-$r-${WENV%%=*}" 16 ${WENV:-}
               done ;;
     window-threads) # the 50% cache window at each pool size of WTHREADS (--cpu-threads; default
               # "16 15"), alternating, ENV_ROUNDS rounds of REPS=2
               for r in $(seq "${ENV_ROUNDS:-2}"); do
-                for t in ${WTHREADS:-16 15}; do
-                  run "window-threads-$r-$t" 90 env STRATA="$S" BACKEND=cuda EXPERT_CACHE=3072 KS=4 REPS=2 \
-                    EXTRA="--profile $P --cpu-threads $t" bash "$C/bench-spec-window.sh" "$F" | grep -E "^\| 4"
-                done
+                for t in ${WTHREADS:-16 15}; do win "window-threads-$r-$t" "$t"; done
               done ;;
     window-res-grid) # window-grid with every expert on the device (no cache)
               i=0; for v in ${WIN_KC:-default}; do

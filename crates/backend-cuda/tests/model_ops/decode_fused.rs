@@ -502,6 +502,7 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
         let want = want.download(d);
         let done = upload(d, &vec![0u32; n * heads]);
         // Twice: the counters must come back to 0 for the next launch.
+        let mut window: [Vec<f32>; 6] = Default::default();
         for launch_i in 0..2 {
             let got = fused(&bx, &pos, n, &done);
             let what = format!("mul_mat_qkv_rope {ty:?} n={n} launch {launch_i}");
@@ -513,13 +514,13 @@ fn mul_mat_qkv_rope_matches_qkv_and_qk_norm_rope_store() {
                 &download(d, &done),
                 &vec![0u32; n * heads],
             );
+            window = got;
         }
         if n == 1 {
             continue;
         }
         // Each token alone, as a decode step: the same rotated query and the same cache row.
         let xs = download(d, &bx);
-        let window = fused(&bx, &pos, n, &done);
         for t in 0..n {
             let x1 = upload(d, &xs[t * k..(t + 1) * k]);
             let step = fused(&x1, &upload(d, &at[t..t + 1]), 1, &done);
